@@ -1,0 +1,45 @@
+# verl-operator: the two set-up commands are `make demo` and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST := $(BIN)/python -m pytest
+
+.PHONY: venv demo test lint test-unit test-ray test-cluster test-fidelity bench crds clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[launcher,test]'
+	touch $@
+
+venv: $(STAMP)
+
+demo: venv
+	$(BIN)/verl-operator devcluster up
+	$(BIN)/verl-operator devcluster status
+
+lint: venv
+	$(BIN)/ruff check operator launcher tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test-unit: venv
+	$(PYTEST) tests/unit
+
+test-ray: venv
+	$(PYTEST) tests/ray
+
+test-cluster: venv
+	$(PYTEST) tests/cluster
+
+test-fidelity: venv
+	$(PYTEST) tests/fidelity
+
+# Every tier: pure logic, real local Ray, the real local control plane, verl's own config code.
+test: lint test-unit test-ray test-cluster test-fidelity
+
+clean:
+	-$(BIN)/verl-operator devcluster down
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

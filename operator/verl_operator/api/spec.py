@@ -1,0 +1,272 @@
+"""Pydantic models of the ``VerlJob`` custom resource (``verl-operator.io/v1alpha1``).
+
+Conventions:
+- camelCase on the wire (``trainBatchSize``), snake_case in Python (``train_batch_size``).
+- Frozen and ``extra="forbid"``: an unknown field is an error, never silently dropped.
+- ``None`` means "the planner decides"; a value means "pinned": validated, never silently changed.
+- Pass-through Kubernetes objects (tolerations, volumes, env) are plain dicts: the API server validates
+  them when the operator creates the pods.
+- Every field has a description: the generated CRD carries it, so ``kubectl explain`` helps.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "verl-operator.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "VerlJob"
+PLURAL = "verljobs"
+
+#: The verl release lines the planner knows the rules and config dialect of, oldest first.
+#: "0.6" is the SPMD rollout era (``rollout.mode=sync``), "0.9" the server rollout era.
+SUPPORTED_VERL_VERSIONS: tuple[str, ...] = ("0.6", "0.9")
+
+VerlVersion = Literal["0.6", "0.9"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        use_enum_values=False,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase dict as it appears in YAML, without unset (None) fields."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class Algorithm(StrEnum):
+    """The RL algorithm (verl ``algorithm.adv_estimator``). ``ppo`` (GAE) brings a critic model."""
+
+    GRPO = "grpo"
+    PPO = "ppo"
+    RLOO = "rloo"
+    REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
+    REMAX = "remax"
+    GRPO_PASSK = "grpo_passk"
+
+    @property
+    def needs_critic(self) -> bool:
+        return self is Algorithm.PPO
+
+
+class VerlSpec(_Model):
+    image: str = Field(min_length=1, description="Container image with verl, vLLM and this project's launcher.")
+    version: VerlVersion = Field(
+        default="0.9",
+        description=(
+            "verl release line inside the image; selects the config dialect and the rules. "
+            "0.6 = SPMD rollout era (rollout.mode=sync), 0.9 = server rollout era (rollout.mode=async)."
+        ),
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="Pull policy for the image (Kubernetes default when omitted)."
+    )
+
+
+class ModelShape(_Model):
+    """Architecture numbers of the model (from its HF ``config.json``)."""
+
+    model_type: str | None = Field(default=None, description="HF model_type, e.g. qwen2, llama, qwen3_moe.")
+    layers: int = Field(ge=1, description="num_hidden_layers.")
+    hidden_size: int = Field(ge=1, description="hidden_size.")
+    attention_heads: int = Field(ge=1, description="num_attention_heads.")
+    kv_heads: int = Field(ge=1, description="num_key_value_heads (equal to attentionHeads without GQA).")
+    head_dim: int | None = Field(default=None, ge=1, description="head_dim (default hiddenSize / attentionHeads).")
+    intermediate_size: int = Field(ge=1, description="intermediate_size of the dense MLP.")
+    vocab_size: int = Field(ge=1, description="vocab_size.")
+    max_position_embeddings: int = Field(ge=1, description="max_position_embeddings: the longest sequence.")
+    tie_word_embeddings: bool = Field(default=False, description="tie_word_embeddings.")
+    num_experts: int | None = Field(default=None, ge=1, description="MoE: routed experts per layer.")
+    num_experts_per_tok: int | None = Field(default=None, ge=1, description="MoE: experts each token uses (top-k).")
+    moe_intermediate_size: int | None = Field(default=None, ge=1, description="MoE: intermediate size of an expert.")
+    shared_experts: int | None = Field(default=None, ge=0, description="MoE: shared experts per layer.")
+    first_k_dense_replace: int | None = Field(default=None, ge=0, description="MoE: leading dense layers.")
+    kv_lora_rank: int | None = Field(default=None, ge=1, description="MLA: kv_lora_rank (DeepSeek-V3 style).")
+    q_lora_rank: int | None = Field(default=None, ge=1, description="MLA: q_lora_rank.")
+    qk_rope_head_dim: int | None = Field(default=None, ge=1, description="MLA: qk_rope_head_dim.")
+    qk_nope_head_dim: int | None = Field(default=None, ge=1, description="MLA: qk_nope_head_dim.")
+    v_head_dim: int | None = Field(default=None, ge=1, description="MLA: v_head_dim.")
+
+    @property
+    def effective_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.attention_heads
+
+
+class ModelSpec(_Model):
+    path: str = Field(
+        min_length=1,
+        description="HF model id or a path inside a mounted volume (actor_rollout_ref.model.path).",
+    )
+    shape: ModelShape | None = Field(
+        default=None,
+        description="Architecture numbers; optional when path names a model in the built-in catalog.",
+    )
+
+
+class DataSpec(_Model):
+    train_files: list[str] = Field(
+        default_factory=list, description="Training parquet files (data.train_files)."
+    )
+    val_files: list[str] = Field(default_factory=list, description="Validation parquet files (data.val_files).")
+    train_batch_size: int | None = Field(
+        default=None, ge=1, description="Prompts per step (data.train_batch_size); the planner decides if omitted."
+    )
+    max_prompt_length: int = Field(default=512, ge=1, description="data.max_prompt_length in tokens.")
+    max_response_length: int = Field(default=512, ge=1, description="data.max_response_length in tokens.")
+
+
+class ResourcesSpec(_Model):
+    gpus: int = Field(ge=1, description="Total GPUs for the job (trainer.nnodes x trainer.n_gpus_per_node).")
+    gpus_per_node: int | None = Field(
+        default=None, ge=1, description="GPUs used on each node; the planner decides from the nodes if omitted."
+    )
+    gpu_product: str | None = Field(
+        default=None,
+        description="Required GPU product, as in the nvidia.com/gpu.product label (e.g. NVIDIA-H100-80GB-HBM3).",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Extra node labels every chosen node must carry."
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="Tolerations added to every pod (core/v1 Toleration)."
+    )
+    cpu_per_node: str | None = Field(
+        default=None,
+        description="CPU request of each Ray pod (default: enough for verl's placement group, 3 per GPU + 2).",
+    )
+    memory_per_node: str | None = Field(default=None, description="Memory request of each Ray pod (e.g. 512Gi).")
+    shm_size: str | None = Field(default=None, description="Size of the /dev/shm memory volume (default 64Gi).")
+
+
+class RolloutSpec(_Model):
+    name: Literal["vllm"] = Field(default="vllm", description="Rollout engine (actor_rollout_ref.rollout.name).")
+    mode: Literal["spmd", "server"] | None = Field(
+        default=None,
+        description="spmd (verl <= 0.6, rollout.mode=sync) or server (verl >= 0.7); defaults to the version's.",
+    )
+    n: int | None = Field(default=None, ge=1, description="Responses per prompt (actor_rollout_ref.rollout.n).")
+    tensor_parallel_size: int | None = Field(
+        default=None, ge=1, description="vLLM tensor parallel size per rollout replica; planner decides if omitted."
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0, le=1, description="Fraction of total GPU memory vLLM may use (weights + KV cache)."
+    )
+
+
+class ParallelismSpec(_Model):
+    sequence_parallel_size: int | None = Field(
+        default=None, ge=1, description="Ulysses sequence parallel size of actor/ref/critic."
+    )
+    fsdp_size: int | None = Field(
+        default=None, description="FSDP shard group size: -1 (whole world) or a divisor of the world size."
+    )
+
+
+class BatchingSpec(_Model):
+    ppo_mini_batch_size: int | None = Field(
+        default=None, ge=1, description="Prompts per PPO mini-batch (actor.ppo_mini_batch_size), before x rollout.n."
+    )
+    ppo_micro_batch_size_per_gpu: int | None = Field(
+        default=None, ge=1, description="Sequences per GPU per forward/backward (gradient accumulation unit)."
+    )
+    log_prob_micro_batch_size_per_gpu: int | None = Field(
+        default=None, ge=1, description="Sequences per GPU per log-prob forward (rollout and ref)."
+    )
+    dynamic_batch_size: bool | None = Field(
+        default=None, description="Pack micro-batches by token count (use_dynamic_bsz) instead of sample count."
+    )
+    max_token_len_per_gpu: int | None = Field(
+        default=None, ge=1, description="Token budget per GPU with dynamic batch size (ppo_max_token_len_per_gpu)."
+    )
+
+
+class OffloadSpec(_Model):
+    params: bool | None = Field(default=None, description="Offload actor/ref parameters to CPU between phases.")
+    optimizer: bool | None = Field(default=None, description="Offload the optimizer state to CPU between phases.")
+
+
+class PlacementSpec(_Model):
+    nvlink: Literal["required", "preferred"] = Field(
+        default="preferred",
+        description="required: rollout TP and sequence-parallel groups must sit inside one NVLink domain.",
+    )
+    topology_key: str | None = Field(
+        default=None, description="Node label that names a network domain (e.g. a rack or block label)."
+    )
+    topology_policy: Literal["required", "preferred"] | None = Field(
+        default=None, description="required: all nodes in one topologyKey domain; preferred: try that first."
+    )
+
+
+class SchedulingSpec(_Model):
+    queue_name: str | None = Field(
+        default=None, description="Hand the job to Kueue: sets the kueue.x-k8s.io/queue-name label."
+    )
+    scheduler: Literal["builtin", "volcano"] = Field(
+        default="builtin", description="Gang placement: builtin (scheduling gates) or volcano (PodGroup)."
+    )
+    priority_class_name: str | None = Field(default=None, description="priorityClassName of the pods.")
+
+
+class CheckpointSpec(_Model):
+    dir: str | None = Field(
+        default=None, description="Checkpoint directory on a mounted volume (trainer.default_local_dir)."
+    )
+    resume: bool = Field(default=True, description="Resume from the latest checkpoint on restart (resume_mode=auto).")
+
+
+class VerlJobSpec(_Model):
+    verl: VerlSpec = Field(description="The verl image and release line.")
+    model: ModelSpec = Field(description="The policy model.")
+    algorithm: Algorithm = Field(default=Algorithm.GRPO, description="RL algorithm; ppo brings a critic.")
+    data: DataSpec = Field(default_factory=DataSpec, description="Datasets and batch/length settings.")
+    resources: ResourcesSpec = Field(description="GPUs and node selection.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="vLLM rollout settings.")
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec, description="Training parallelism.")
+    batching: BatchingSpec = Field(default_factory=BatchingSpec, description="Mini/micro batch settings.")
+    offload: OffloadSpec = Field(default_factory=OffloadSpec, description="CPU offload of actor/ref state.")
+    placement: PlacementSpec = Field(default_factory=PlacementSpec, description="NVLink and network topology.")
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Queueing and gang scheduling.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
+    overrides: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Raw verl Hydra overrides as on verl's command line (key=value). Keys the planner owns are read "
+            "as pinned inputs; a conflict with a structured field is a violation."
+        ),
+    )
+    env: list[dict[str, Any]] = Field(
+        default_factory=list, description="Extra environment variables for the Ray pods (core/v1 EnvVar)."
+    )
+    volumes: list[dict[str, Any]] = Field(default_factory=list, description="Extra pod volumes (core/v1 Volume).")
+    volume_mounts: list[dict[str, Any]] = Field(
+        default_factory=list, description="Mounts of those volumes in the Ray containers (core/v1 VolumeMount)."
+    )
+    suspend: bool = Field(default=False, description="true deletes the pods and keeps the job; false resumes.")
+    backoff_limit: int = Field(default=0, ge=0, description="Whole-cluster restarts allowed after a failure.")
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, description="Fail the job when it has run longer than this."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete the finished job this many seconds after it ends."
+    )
+
+
+class VerlJob(_Model):
+    """A whole VerlJob object as read from YAML or the API server (status is ignored by the planner)."""
+
+    api_version: Literal["verl-operator.io/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
+    kind: Literal["VerlJob"] = Field(default=KIND)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: VerlJobSpec
+    status: dict[str, Any] | None = Field(default=None)

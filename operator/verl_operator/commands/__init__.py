@@ -1,0 +1,1 @@
+"""Subcommands of the ``verl-operator`` CLI (see ``verl_operator.cli``)."""
