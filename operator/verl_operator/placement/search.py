@@ -1,0 +1,205 @@
+"""The placement search: choose concrete nodes for a planned job, all or nothing.
+
+Algorithm:
+    1. Screen every node (in name order) and record why it cannot take one of the job's pods: not a
+       candidate of the plan, not schedulable, wrong GPU product, a missing selector label, an NVLink
+       domain smaller than the job's NVLink group, no clique for a multi-node NVLink group, the topology
+       label missing under ``topologyPolicy: required``, or too few free GPUs (allocatable minus in use).
+    2. Group the remaining nodes by (topology domain, NVLink clique): the domain only when a topology
+       policy is set, the clique only when one NVLink group spans several nodes.
+    3. Among groups with at least ``nnodes`` nodes choose the tightest fit: the smallest number of free
+       GPUs left over in the group after placing the job, then the group key (name order). Inside the
+       group take the nodes with the fewest free GPUs first (best fit, keeps whole nodes free for larger
+       jobs), ties by name. The chosen nodes are returned in name order; the first hosts the Ray head.
+    4. ``topologyPolicy: preferred`` runs steps 2-3 with the domain first and, when no domain can hold
+       the job, again without it.
+
+    Worked example: 4 DGX nodes of 8 GPUs, racks a (dgx-0, dgx-1) and b (dgx-2, dgx-3), dgx-2 has 4 GPUs
+    in use, job 2 x 8 with ``topologyPolicy: required``: dgx-2 is excluded (4 of 8 free), rack b keeps one
+    node, rack a two: the job lands on dgx-0 (head) and dgx-1, domain ``a``.
+
+The search is deterministic: the same request and snapshot give the same nodes, whatever the input order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from verl_operator.placement.model import NodeCapacity, Placement, PlacementRequest
+
+GroupKey = tuple[str | None, str | None]
+
+
+def screen_node(request: PlacementRequest, node: NodeCapacity, used: int) -> str | None:
+    """Why ``node`` cannot take one pod of the job, or None when it can.
+
+    Args:
+        request: The job's request.
+        node: The node.
+        used: GPUs already requested on the node by other pods and reserved by other jobs.
+
+    Returns:
+        A short reason (Kueue TAS snapshot style), or None.
+    """
+    if request.candidates is not None and node.name not in request.candidates:
+        return "not eligible in the plan (product, selector, taints or GPU count)"
+    if not node.schedulable:
+        return "not schedulable (cordoned or not Ready)"
+    if request.gpu_product is not None and node.gpu_product != request.gpu_product:
+        return f"GPU product {node.gpu_product or 'unknown'}, job needs {request.gpu_product}"
+    for key, value in sorted(request.node_selector.items()):
+        if node.labels.get(key) != value:
+            return f"label {key}={value} missing"
+    if request.nvlink_required and request.nvlink_group_size > 1:
+        reason = _nvlink_reason(request, node)
+        if reason is not None:
+            return reason
+    if request.topology_policy == "required" and request.topology_key not in node.labels:
+        return f"no {request.topology_key} label (topologyPolicy required)"
+    free = node.gpus - used
+    if free < request.gpus_per_node:
+        return f"{max(free, 0)} of {node.gpus} GPUs free, job needs {request.gpus_per_node} per node"
+    return None
+
+
+def _nvlink_reason(request: PlacementRequest, node: NodeCapacity) -> str | None:
+    group = request.nvlink_group_size
+    if request.multi_node_nvlink:
+        if node.clique is None:
+            return f"NVLink group of {group} GPUs spans nodes but the node has no nvidia.com/gpu.clique"
+        if node.nvlink_domain_size < node.gpus:
+            return f"NVLink domain of {node.nvlink_domain_size} GPUs, the group spans nodes: needs all GPUs linked"
+        return None
+    if node.nvlink_domain_size < group:
+        return f"NVLink domain of {node.nvlink_domain_size} GPUs, job needs {group} GPUs per NVLink group"
+    if node.nvlink_domain_size < node.gpus and request.gpus_per_node != node.gpus:
+        # Partial domains (e.g. bridged pairs): which GPUs a partial request gets is the device plugin's
+        # choice, so only a pod holding the whole node is sure to hold whole NVLink domains.
+        return (
+            f"NVLink domains of {node.nvlink_domain_size} GPUs only: a pod of {request.gpus_per_node} "
+            f"GPUs must take the whole node ({node.gpus})"
+        )
+    return None
+
+
+def place(request: PlacementRequest, nodes: Sequence[NodeCapacity], used: Mapping[str, int]) -> Placement:
+    """Choose ``request.nnodes`` nodes for the job, or say what is missing.
+
+    Args:
+        request: The job's request (from its spec and plan).
+        nodes: The cluster snapshot.
+        used: GPUs in use or reserved per node name (missing: 0).
+
+    Returns:
+        A feasible :class:`Placement` with every node, or an infeasible one with the reasons; never a part.
+    """
+    if request.nnodes < 1 or request.gpus_per_node < 1:
+        return Placement(feasible=False, message="the plan asks for no nodes")
+    free: dict[str, int] = {}
+    excluded: list[tuple[str, str]] = []
+    eligible: list[NodeCapacity] = []
+    for node in sorted(nodes, key=lambda n: n.name):
+        reason = screen_node(request, node, used.get(node.name, 0))
+        if reason is None:
+            eligible.append(node)
+            free[node.name] = node.gpus - used.get(node.name, 0)
+        else:
+            excluded.append((node.name, reason))
+    excluded_t = tuple(excluded)
+
+    use_domain = request.topology_policy is not None and request.topology_key is not None
+    attempts = [use_domain, False] if request.topology_policy == "preferred" else [use_domain]
+    for by_domain in attempts:
+        chosen = _best_group(request, eligible, free, by_domain)
+        if chosen is not None:
+            key, names = chosen
+            where = []
+            if key[0] is not None:
+                where.append(f"{request.topology_key}={key[0]}")
+            if key[1] is not None:
+                where.append(f"clique {key[1]}")
+            suffix = f" in {', '.join(where)}" if where else ""
+            return Placement(
+                feasible=True,
+                nodes=names,
+                domain=key[0],
+                clique=key[1],
+                excluded=excluded_t,
+                message=f"{request.nnodes} x {request.gpus_per_node} GPUs on {', '.join(names)}{suffix}",
+            )
+    return Placement(
+        feasible=False, excluded=excluded_t, message=_missing(request, eligible, excluded_t, use_domain)
+    )
+
+
+def _group_key(request: PlacementRequest, node: NodeCapacity, by_domain: bool) -> GroupKey | None:
+    domain = None
+    if by_domain:
+        assert request.topology_key is not None  # by_domain implies a key
+        domain = node.labels.get(request.topology_key)
+        if domain is None:
+            return None
+    clique = node.clique if request.multi_node_nvlink else None
+    return (domain, clique)
+
+
+def _best_group(
+    request: PlacementRequest, eligible: Sequence[NodeCapacity], free: Mapping[str, int], by_domain: bool
+) -> tuple[GroupKey, tuple[str, ...]] | None:
+    groups: dict[GroupKey, list[NodeCapacity]] = {}
+    for node in eligible:
+        key = _group_key(request, node, by_domain)
+        if key is not None:
+            groups.setdefault(key, []).append(node)
+    best: tuple[tuple[int, str, str], GroupKey, tuple[str, ...]] | None = None
+    needed = request.nnodes * request.gpus_per_node
+    for key, members in groups.items():
+        if len(members) < request.nnodes:
+            continue
+        spare = sum(free[n.name] for n in members) - needed
+        rank = (spare, key[0] or "", key[1] or "")
+        if best is None or rank < best[0]:
+            picked = sorted(members, key=lambda n: (free[n.name], n.name))[: request.nnodes]
+            best = (rank, key, tuple(sorted(n.name for n in picked)))
+    return None if best is None else (best[1], best[2])
+
+
+def _missing(
+    request: PlacementRequest,
+    eligible: Sequence[NodeCapacity],
+    excluded: Sequence[tuple[str, str]],
+    by_domain: bool,
+) -> str:
+    need = f"{request.nnodes} nodes with {request.gpus_per_node} free GPUs"
+    scopes = []
+    if by_domain and request.topology_policy == "required":
+        scopes.append(f"one {request.topology_key} domain")
+    if request.multi_node_nvlink:
+        scopes.append("one NVLink clique")
+    if scopes:
+        need += " in " + " and ".join(scopes)
+    counts: dict[str, int] = {}
+    for _, reason in excluded:
+        counts[reason] = counts.get(reason, 0) + 1
+    top = "; ".join(
+        f"{count} node{'s' if count > 1 else ''}: {reason}"
+        for reason, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+    )
+    msg = f"waiting for capacity: job needs {need}; {len(eligible)} node(s) qualify"
+    if scopes and eligible:
+        together = max(
+            _count_by_group(request, eligible, by_domain and request.topology_policy == "required").values()
+        )
+        msg += f" (at most {together} together)"
+    return f"{msg}; excluded: {top}" if top else msg
+
+
+def _count_by_group(
+    request: PlacementRequest, eligible: Sequence[NodeCapacity], by_domain: bool
+) -> dict[GroupKey, int]:
+    counts: dict[GroupKey, int] = {}
+    for node in eligible:
+        key = _group_key(request, node, by_domain)
+        if key is not None:
+            counts[key] = counts.get(key, 0) + 1
+    return counts or {(None, None): 0}

@@ -1,0 +1,258 @@
+"""Concrete node placement: tables for each rule, the tie-break order, and invariants (hypothesis)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verl_operator.placement import NodeCapacity, PlacementRequest, place
+from verl_operator.placement.search import screen_node
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+L40S = "NVIDIA-L40S"
+RACK = "topology.kubernetes.io/rack"
+
+
+def make_nodes(
+    count: int,
+    gpus: int = 8,
+    product: str = H100,
+    prefix: str = "n",
+    nvlink: int | None = None,
+    racks: int = 1,
+    clique: str | None = None,
+) -> list[NodeCapacity]:
+    """``count`` identical nodes spread round-robin over ``racks`` racks (r0, r1, ...)."""
+    return [
+        NodeCapacity(
+            name=f"{prefix}{i}",
+            labels={RACK: f"r{i % racks}", "nvidia.com/gpu.product": product},
+            gpus=gpus,
+            gpu_product=product,
+            nvlink_domain_size=gpus if nvlink is None else nvlink,
+            clique=clique,
+        )
+        for i in range(count)
+    ]
+
+
+def dgx_racks() -> list[NodeCapacity]:
+    """4 DGX nodes, 2 racks: rack-a holds dgx-0, dgx-2; rack-b holds dgx-1, dgx-3."""
+    return make_nodes(4, prefix="dgx-", racks=2)
+
+
+@pytest.mark.parametrize(
+    ("request_", "used", "expected_nodes", "expected_domain"),
+    [
+        pytest.param(
+            PlacementRequest(nnodes=2, gpus_per_node=8, topology_key=RACK, topology_policy="required"),
+            {},
+            ("dgx-0", "dgx-2"),
+            "r0",
+            id="dgx-16gpu-rack-required-empty-cluster-first-rack",
+        ),
+        pytest.param(
+            PlacementRequest(nnodes=2, gpus_per_node=8, topology_key=RACK, topology_policy="required"),
+            {"dgx-0": 8},
+            ("dgx-1", "dgx-3"),
+            "r1",
+            id="dgx-16gpu-rack-required-skips-half-busy-rack",
+        ),
+        pytest.param(
+            PlacementRequest(nnodes=2, gpus_per_node=8, topology_key=RACK, topology_policy="preferred"),
+            {"dgx-0": 8, "dgx-1": 8},
+            ("dgx-2", "dgx-3"),
+            None,
+            id="dgx-preferred-falls-back-across-racks",
+        ),
+        pytest.param(
+            PlacementRequest(nnodes=1, gpus_per_node=4),
+            {"dgx-0": 2, "dgx-1": 4, "dgx-2": 0},
+            ("dgx-1",),
+            None,
+            id="best-fit-fewest-free-gpus-first",
+        ),
+        pytest.param(
+            PlacementRequest(nnodes=1, gpus_per_node=8, candidates=("dgx-3",)),
+            {},
+            ("dgx-3",),
+            None,
+            id="only-plan-candidates",
+        ),
+    ],
+)
+def test_place_table(
+    request_: PlacementRequest,
+    used: dict[str, int],
+    expected_nodes: tuple[str, ...],
+    expected_domain: str | None,
+) -> None:
+    result = place(request_, dgx_racks(), used)
+    assert result.feasible, result.message
+    assert result.nodes == expected_nodes
+    assert result.domain == expected_domain
+
+
+@pytest.mark.parametrize(
+    ("request_", "node", "used", "fragment"),
+    [
+        pytest.param(
+            PlacementRequest(nnodes=1, gpus_per_node=4, gpu_product=H100),
+            make_nodes(1, gpus=4, product=L40S, nvlink=1)[0],
+            0,
+            "GPU product NVIDIA-L40S, job needs NVIDIA-H100-80GB-HBM3",
+            id="product",
+        ),
+        pytest.param(
+            PlacementRequest(nnodes=1, gpus_per_node=4, node_selector={"pool": "rl"}),
+            make_nodes(1)[0],
+            0,
+            "label pool=rl missing",
+            id="selector",
+        ),
+        pytest.param(
+            PlacementRequest(nnodes=1, gpus_per_node=4, nvlink_required=True, nvlink_group_size=2),
+            make_nodes(1, gpus=4, product=L40S, nvlink=1)[0],
+            0,
+            "NVLink domain of 1 GPUs, job needs 2 GPUs per NVLink group",
+            id="l40s-nvlink-tp2",
+        ),
+        pytest.param(
+            PlacementRequest(nnodes=1, gpus_per_node=4, nvlink_required=True, nvlink_group_size=2),
+            make_nodes(1, gpus=8, nvlink=2)[0],
+            0,
+            "must take the whole node (8)",
+            id="a100-pairs-partial-node",
+        ),
+        pytest.param(
+            PlacementRequest(nnodes=2, gpus_per_node=4, nvlink_required=True, nvlink_group_size=8),
+            make_nodes(1, gpus=4)[0],
+            0,
+            "no nvidia.com/gpu.clique",
+            id="multi-node-group-without-clique",
+        ),
+        pytest.param(
+            PlacementRequest(nnodes=1, gpus_per_node=8),
+            make_nodes(1)[0],
+            3,
+            "5 of 8 GPUs free, job needs 8 per node",
+            id="busy",
+        ),
+        pytest.param(
+            PlacementRequest(nnodes=1, gpus_per_node=8, topology_key="block", topology_policy="required"),
+            make_nodes(1)[0],
+            0,
+            "no block label",
+            id="topology-label-missing",
+        ),
+        pytest.param(
+            PlacementRequest(nnodes=1, gpus_per_node=8),
+            NodeCapacity(name="x", gpus=8, schedulable=False),
+            0,
+            "not schedulable",
+            id="cordoned",
+        ),
+    ],
+)
+def test_screen_node_reasons(
+    request_: PlacementRequest, node: NodeCapacity, used: int, fragment: str
+) -> None:
+    reason = screen_node(request_, node, used)
+    assert reason is not None and fragment in reason
+
+
+def test_nvlink_pairs_whole_node_is_accepted() -> None:
+    request = PlacementRequest(nnodes=1, gpus_per_node=8, nvlink_required=True, nvlink_group_size=2)
+    assert screen_node(request, make_nodes(1, gpus=8, nvlink=2)[0], 0) is None
+
+
+def test_gb200_16_gpus_stay_in_one_clique() -> None:
+    nodes = make_nodes(3, gpus=4, prefix="a-", clique="c.1") + make_nodes(
+        18, gpus=4, prefix="b-", clique="c.2"
+    )
+    request = PlacementRequest(nnodes=4, gpus_per_node=4, nvlink_required=True, nvlink_group_size=16)
+    result = place(request, nodes, {})
+    assert result.feasible
+    assert result.clique == "c.2"
+    assert all(n.startswith("b-") for n in result.nodes)
+
+
+def test_gb200_clique_too_small_waits_with_reason() -> None:
+    nodes = make_nodes(3, gpus=4, prefix="a-", clique="c.1") + make_nodes(
+        3, gpus=4, prefix="b-", clique="c.2"
+    )
+    request = PlacementRequest(nnodes=4, gpus_per_node=4, nvlink_required=True, nvlink_group_size=16)
+    result = place(request, nodes, {})
+    assert not result.feasible and result.nodes == ()
+    assert "one NVLink clique" in result.message and "at most 3 together" in result.message
+
+
+def test_rack_required_never_spans_racks() -> None:
+    request = PlacementRequest(nnodes=2, gpus_per_node=8, topology_key=RACK, topology_policy="required")
+    result = place(request, dgx_racks(), {"dgx-0": 1, "dgx-1": 1})
+    assert not result.feasible
+    assert "one topology.kubernetes.io/rack domain" in result.message
+    assert ("dgx-0", "7 of 8 GPUs free, job needs 8 per node") in result.excluded
+
+
+def test_tie_break_order_is_fewest_spare_then_name() -> None:
+    """Named tie-break test: tightest group first, then group key; inside, fewest free GPUs then name."""
+    nodes = make_nodes(6, prefix="n", racks=3)  # r0: n0 n3, r1: n1 n4, r2: n2 n5
+    request = PlacementRequest(nnodes=2, gpus_per_node=4, topology_key=RACK, topology_policy="required")
+    # r1 has 4 spare GPUs after placement, r0 and r2 have 8: r1 wins.
+    assert place(request, nodes, {"n1": 4, "n4": 4}).nodes == ("n1", "n4")
+    # all equal: r0 wins by name.
+    assert place(request, nodes, {}).domain == "r0"
+
+
+NODE_SETS = st.lists(
+    st.tuples(st.sampled_from([4, 8]), st.integers(0, 8), st.sampled_from(["r0", "r1", "r2"])),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    node_set=NODE_SETS,
+    nnodes=st.integers(1, 5),
+    gpus_per_node=st.sampled_from([1, 2, 4, 8]),
+    policy=st.sampled_from([None, "required", "preferred"]),
+    seed=st.integers(0, 1000),
+)
+def test_placement_invariants(
+    node_set: list[tuple[int, int, str]], nnodes: int, gpus_per_node: int, policy: str | None, seed: int
+) -> None:
+    nodes = [
+        NodeCapacity(name=f"n{i:02d}", labels={RACK: rack}, gpus=gpus, nvlink_domain_size=gpus)
+        for i, (gpus, _, rack) in enumerate(node_set)
+    ]
+    used = {f"n{i:02d}": min(u, gpus) for i, (gpus, u, _) in enumerate(node_set)}
+    request = PlacementRequest(
+        nnodes=nnodes,
+        gpus_per_node=gpus_per_node,
+        topology_key=RACK if policy else None,
+        topology_policy=policy,  # type: ignore[arg-type]
+    )
+    result = place(request, nodes, used)
+    shuffled = list(nodes)
+    random.Random(seed).shuffle(shuffled)
+    assert place(request, shuffled, used) == result, "placement depends on input order"
+    by_name = {n.name: n for n in nodes}
+    if result.feasible:
+        assert len(result.nodes) == nnodes == len(set(result.nodes))
+        for name in result.nodes:
+            assert by_name[name].gpus - used[name] >= gpus_per_node
+        if policy == "required":
+            assert len({by_name[n].labels[RACK] for n in result.nodes}) == 1
+    else:
+        assert result.nodes == ()
+        fits = [n for n in nodes if n.gpus - used[n.name] >= gpus_per_node]
+        if policy == "required":
+            per_rack = [sum(1 for n in fits if n.labels[RACK] == r) for r in ("r0", "r1", "r2")]
+            assert max(per_rack) < nnodes
+        else:
+            assert len(fits) < nnodes
