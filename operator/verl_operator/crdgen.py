@@ -1,0 +1,278 @@
+"""Generate the VerlJob CustomResourceDefinition from the pydantic models (the single source of truth).
+
+The pydantic JSON schema is turned into a Kubernetes *structural* schema: ``$ref`` inlined, ``Optional``
+unwrapped (omitted means "the planner decides"), ``const`` turned into ``enum``, JSON-Schema-2020
+``exclusiveMinimum`` into the OpenAPI v3 boolean form, defaults moved into the descriptions (the API server
+must not fill in values that the planner decides), free-form Kubernetes objects marked
+``x-kubernetes-preserve-unknown-fields``. Static cross-field rules become CEL ``x-kubernetes-validations``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from verl_operator.api.spec import GROUP, KIND, PLURAL, VERSION, VerlJobSpec
+from verl_operator.manifests.names import MAX_JOB_NAME
+
+CRD_PATH = "crds/verl-operator.io_verljobs.yaml"
+CHART_CRD_PATH = "charts/verl-operator/crds/verl-operator.io_verljobs.yaml"
+REGENERATE = "verl-operator crd > crds/verl-operator.io_verljobs.yaml"
+HEADER = (
+    "# Generated from verl_operator.api.spec by `verl-operator crd`: do not edit.\n"
+    f"# Regenerate with: {REGENERATE}\n"
+)
+PHASES = ("Invalid", "Pending", "Starting", "Running", "Succeeded", "Failed", "Suspended")
+
+#: Cross-field rules the API server checks itself (CEL); the webhook and the planner check the rest.
+SPEC_RULES: tuple[dict[str, str], ...] = (
+    {
+        "rule": "!has(self.rollout) || !has(self.rollout.mode) || self.rollout.mode != 'spmd' || "
+        "(has(self.verl.version) && self.verl.version == '0.6')",
+        "message": "spec.rollout.mode spmd exists only with spec.verl.version 0.6 (verl 0.7+ removed it)",
+        "fieldPath": ".rollout.mode",
+    },
+    {
+        "rule": "!has(self.rollout) || !has(self.rollout.tensorParallelSize) || "
+        "self.resources.gpus % self.rollout.tensorParallelSize == 0",
+        "message": "spec.rollout.tensorParallelSize must divide spec.resources.gpus",
+        "fieldPath": ".rollout.tensorParallelSize",
+    },
+    {
+        "rule": "!has(self.parallelism) || !has(self.parallelism.sequenceParallelSize) || "
+        "self.resources.gpus % self.parallelism.sequenceParallelSize == 0",
+        "message": "spec.parallelism.sequenceParallelSize must divide spec.resources.gpus",
+        "fieldPath": ".parallelism.sequenceParallelSize",
+    },
+)
+RESOURCES_RULES: tuple[dict[str, str], ...] = (
+    {
+        "rule": "!has(self.gpusPerNode) || self.gpus % self.gpusPerNode == 0",
+        "message": "spec.resources.gpusPerNode must divide spec.resources.gpus",
+        "fieldPath": ".gpusPerNode",
+    },
+)
+PLACEMENT_RULES: tuple[dict[str, str], ...] = (
+    {
+        "rule": "!has(self.topologyPolicy) || has(self.topologyKey)",
+        "message": "spec.placement.topologyPolicy needs spec.placement.topologyKey",
+        "fieldPath": ".topologyPolicy",
+    },
+)
+ROOT_RULES: tuple[dict[str, str], ...] = (
+    {
+        "rule": f"size(self.metadata.name) <= {MAX_JOB_NAME}",
+        "message": f"metadata.name must be at most {MAX_JOB_NAME} characters (child names are DNS labels)",
+    },
+)
+
+
+def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    if "$ref" in schema:
+        target = dict(defs[schema["$ref"].rsplit("/", 1)[-1]])
+        extra = {k: v for k, v in schema.items() if k != "$ref"}
+        return _resolve({**target, **extra}, defs)
+    if "anyOf" in schema:
+        options = [o for o in schema["anyOf"] if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"unsupported union in schema: {schema}")
+        rest = {k: v for k, v in schema.items() if k != "anyOf"}
+        return _resolve({**options[0], **rest}, defs)
+    return schema
+
+
+def structural(schema: dict[str, Any], defs: dict[str, Any], where: str = "spec") -> dict[str, Any]:
+    """Convert one pydantic JSON schema node to a structural OpenAPI v3 schema node.
+
+    Args:
+        schema: The JSON schema node.
+        defs: The ``$defs`` of the root schema.
+        where: Dotted path for error messages and descriptions.
+
+    Returns:
+        The structural schema node.
+
+    Raises:
+        ValueError: A schema construct the CRD cannot express.
+    """
+    node = _resolve(dict(schema), defs)
+    out: dict[str, Any] = {}
+    description = node.get("description") or node.get("title") or where
+    if "default" in node and node["default"] not in (None, [], {}):
+        description = f"{description} Default: {node['default']}."
+    out["description"] = description
+    kind = node.get("type")
+    if "const" in node:
+        out["type"] = kind or "string"
+        out["enum"] = [node["const"]]
+        return out
+    if kind == "object" or "properties" in node:
+        out["type"] = "object"
+        props = node.get("properties")
+        if props:
+            out["properties"] = {k: structural(v, defs, f"{where}.{k}") for k, v in props.items()}
+            required = [r for r in node.get("required", []) if r in props]
+            if required:
+                out["required"] = required
+        else:
+            extra = node.get("additionalProperties", True)
+            if isinstance(extra, dict) and extra:
+                out["additionalProperties"] = structural(extra, defs, f"{where}[*]")
+            else:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+        return out
+    if kind == "array":
+        out["type"] = "array"
+        out["items"] = structural(node.get("items", {"type": "object"}), defs, f"{where}[]")
+        return out
+    if kind not in ("string", "integer", "number", "boolean"):
+        raise ValueError(f"{where}: unsupported schema type {kind!r}")
+    out["type"] = kind
+    for key in ("enum", "minimum", "maximum", "minLength", "maxLength", "pattern", "format"):
+        if key in node:
+            out[key] = node[key]
+    if "exclusiveMinimum" in node:
+        out["minimum"] = node["exclusiveMinimum"]
+        out["exclusiveMinimum"] = True
+    if "exclusiveMaximum" in node:
+        out["maximum"] = node["exclusiveMaximum"]
+        out["exclusiveMaximum"] = True
+    return out
+
+
+def _condition_schema() -> dict[str, Any]:
+    def s(desc: str, **kw: Any) -> dict[str, Any]:
+        return {"type": "string", "description": desc, **kw}
+
+    return {
+        "type": "array",
+        "description": "Conditions in the metav1.Condition shape (Valid, Planned, Placed, Ready, Complete, "
+        "Failed, Reconciling, Stalled).",
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+        "items": {
+            "type": "object",
+            "description": "One condition.",
+            "required": ["type", "status"],
+            "properties": {
+                "type": s("Condition type."),
+                "status": s("True, False or Unknown.", enum=["True", "False", "Unknown"]),
+                "observedGeneration": {
+                    "type": "integer",
+                    "description": "metadata.generation the condition was computed for.",
+                },
+                "lastTransitionTime": s("When status last changed.", format="date-time"),
+                "reason": s("CamelCase reason."),
+                "message": s("Human readable detail."),
+            },
+        },
+    }
+
+
+def status_schema() -> dict[str, Any]:
+    """The structural schema of ``status`` (written only by the operator)."""
+
+    def obj(desc: str) -> dict[str, Any]:
+        return {"type": "object", "description": desc, "x-kubernetes-preserve-unknown-fields": True}
+
+    return {
+        "type": "object",
+        "description": "Observed state, written by the operator only.",
+        "properties": {
+            "phase": {"type": "string", "enum": list(PHASES), "description": "Lifecycle phase."},
+            "reason": {"type": "string", "description": "CamelCase reason of the current phase."},
+            "message": {"type": "string", "description": "Human readable detail of the current phase."},
+            "observedGeneration": {"type": "integer", "description": "Last metadata.generation acted on."},
+            "attempt": {
+                "type": "integer",
+                "description": "Ray cluster incarnation (0-based; pods carry it).",
+            },
+            "restarts": {
+                "type": "integer",
+                "description": "Restarts after failures, counted against backoffLimit.",
+            },
+            "mesh": {"type": "string", "description": "Parallel mesh, e.g. dp8 sp1 tp2 (tp = rollout TP)."},
+            "nodes": {"type": "string", "description": "Chosen nodes, comma separated (head first)."},
+            "startTime": {
+                "type": "string",
+                "format": "date-time",
+                "description": "When pods were first placed.",
+            },
+            "completionTime": {
+                "type": "string",
+                "format": "date-time",
+                "description": "When the job finished.",
+            },
+            "plan": obj("The planner's plan (the JSON contract of `verl-operator plan -o json`)."),
+            "placement": obj("Chosen nodes, their domain/clique and the reasons other nodes were excluded."),
+            "violations": {
+                "type": "array",
+                "description": "Planner violations when the job is Invalid.",
+                "items": obj("One violation (field, rule, message, suggestions)."),
+            },
+            "conditions": _condition_schema(),
+        },
+    }
+
+
+def build_crd() -> dict[str, Any]:
+    """The whole CustomResourceDefinition manifest for VerlJob."""
+    raw = VerlJobSpec.model_json_schema(by_alias=True)
+    defs = raw.get("$defs", {})
+    spec = structural(raw, defs)
+    spec["description"] = "Desired state: the verl job, its model, data and resources."
+    spec["x-kubernetes-validations"] = list(SPEC_RULES)
+    spec["properties"]["resources"]["x-kubernetes-validations"] = list(RESOURCES_RULES)
+    spec["properties"]["placement"]["x-kubernetes-validations"] = list(PLACEMENT_RULES)
+    root = {
+        "type": "object",
+        "description": "A verl RL post-training job: planned, validated and placed on NVLink-correct nodes.",
+        "required": ["spec"],
+        "x-kubernetes-validations": list(ROOT_RULES),
+        "properties": {
+            "apiVersion": {"type": "string", "description": "APIVersion of the object."},
+            "kind": {"type": "string", "description": "Kind of the object."},
+            "metadata": {"type": "object", "description": "Standard object metadata."},
+            "spec": spec,
+            "status": status_schema(),
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "shortNames": ["vj"],
+                "categories": ["verl"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                        {"name": "GPUs", "type": "integer", "jsonPath": ".spec.resources.gpus"},
+                        {"name": "Mesh", "type": "string", "jsonPath": ".status.mesh"},
+                        {"name": "Nodes", "type": "string", "jsonPath": ".status.nodes"},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+def render_crd() -> str:
+    """The CRD as YAML text with the generated-file header (what ``crds/`` holds)."""
+    return HEADER + yaml.safe_dump(build_crd(), sort_keys=False, width=100)

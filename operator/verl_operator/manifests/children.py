@@ -1,0 +1,268 @@
+"""Builders of the ConfigMap, headless Service, Ray pods and (Volcano) PodGroup of a VerlJob.
+
+Every builder is pure and returns a whole manifest; the controller creates them as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from verl_operator.api.spec import API_VERSION, KIND, VerlJobSpec
+from verl_operator.manifests.launchspec import (
+    LAUNCH_DIR,
+    LAUNCH_KEY,
+    LAUNCH_PATH,
+    RAY_CLIENT_PORT,
+    RAY_DASHBOARD_PORT,
+    RAY_GCS_PORT,
+    LaunchPlan,
+    build_launch_spec,
+    job_identity,
+)
+from verl_operator.manifests.names import (
+    ANNOTATION_NODE,
+    GANG_GATE,
+    LABEL_ATTEMPT,
+    LABEL_INDEX,
+    LABEL_JOB,
+    LABEL_ROLE,
+    MANAGED_BY,
+    ChildNames,
+)
+
+#: CPUs verl's Ray placement group asks per GPU (``{GPU: 1, CPU: 3}`` bundles, verl-constraints rule 25),
+#: plus spare CPUs per pod for the Ray daemons and the launcher.
+CPU_PER_GPU = 3
+SPARE_CPU = 2
+#: Default memory request per GPU when ``resources.memoryPerNode`` is not given (host RAM for the
+#: dataloader, Ray object store and vLLM/FSDP CPU buffers).
+MEMORY_GIB_PER_GPU = 16
+DEFAULT_SHM = "64Gi"
+CONTAINER = "ray"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+KUEUE_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+
+
+def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
+    """The controller owner reference to the VerlJob (deletion cascades through the garbage collector)."""
+    name, _, uid = job_identity(job)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(job: Mapping[str, Any], name: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    job_name, namespace, _ = job_identity(job)
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": {**MANAGED_BY, LABEL_JOB: job_name, **(labels or {})},
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def build_launch_configmap(job: Mapping[str, Any], spec: VerlJobSpec, plan: LaunchPlan) -> dict[str, Any]:
+    """ConfigMap ``<job>-launch`` with ``launch.json`` (the contract), mounted read-only in every Ray pod."""
+    name, namespace, _ = job_identity(job)
+    document = build_launch_spec(job, spec, plan)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, ChildNames(name, namespace).configmap),
+        "data": {LAUNCH_KEY: json.dumps(document, indent=2, sort_keys=True) + "\n"},
+    }
+
+
+def build_service(job: Mapping[str, Any]) -> dict[str, Any]:
+    """Headless Service ``<job>-ray``: DNS names for the Ray pods, ready or not (Ray needs them early)."""
+    name, namespace, _ = job_identity(job)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, ChildNames(name, namespace).service),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: name},
+            "ports": [
+                {"name": "gcs", "port": RAY_GCS_PORT, "targetPort": RAY_GCS_PORT},
+                {"name": "dashboard", "port": RAY_DASHBOARD_PORT, "targetPort": RAY_DASHBOARD_PORT},
+                {"name": "client", "port": RAY_CLIENT_PORT, "targetPort": RAY_CLIENT_PORT},
+            ],
+        },
+    }
+
+
+def _resources(spec: VerlJobSpec, gpus: int) -> dict[str, Any]:
+    res = spec.resources
+    requests: dict[str, Any] = {
+        "cpu": res.cpu_per_node or str(CPU_PER_GPU * gpus + SPARE_CPU),
+        "memory": res.memory_per_node or f"{MEMORY_GIB_PER_GPU * gpus}Gi",
+        "nvidia.com/gpu": str(gpus),
+    }
+    return {"requests": requests, "limits": {"nvidia.com/gpu": str(gpus)}}
+
+
+def _env(role: str, attempt: int, spec: VerlJobSpec) -> list[dict[str, Any]]:
+    ours: list[dict[str, Any]] = [
+        {"name": "VERL_LAUNCH_SPEC", "value": LAUNCH_PATH},
+        {"name": "VERL_OPERATOR_ROLE", "value": role},
+        {"name": "VERL_OPERATOR_ATTEMPT", "value": str(attempt)},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    reserved = {e["name"] for e in ours}
+    return ours + [dict(e) for e in spec.env if e.get("name") not in reserved]
+
+
+def _build_pod(
+    job: Mapping[str, Any], spec: VerlJobSpec, plan: LaunchPlan, index: int, attempt: int
+) -> dict[str, Any]:
+    name, namespace, _ = job_identity(job)
+    names = ChildNames(name, namespace)
+    role = "head" if index == 0 else "worker"
+    sched = spec.scheduling
+    node = plan.nodes[index] if index < len(plan.nodes) else None
+    labels = {LABEL_ROLE: role, LABEL_ATTEMPT: str(attempt), LABEL_INDEX: str(index)}
+    annotations: dict[str, str] = {}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": names.hostname(index),
+        "subdomain": names.service,
+        "enableServiceLinks": False,
+        "containers": [
+            {
+                "name": CONTAINER,
+                "image": spec.verl.image,
+                "command": ["verl-launcher", role],
+                "env": _env(role, attempt, spec),
+                "ports": _ports(role),
+                "resources": _resources(spec, plan.gpus_per_node),
+                "volumeMounts": [
+                    {"name": "launch-spec", "mountPath": LAUNCH_DIR, "readOnly": True},
+                    {"name": "dshm", "mountPath": "/dev/shm"},
+                    *[dict(m) for m in spec.volume_mounts],
+                ],
+                "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }
+        ],
+        "volumes": [
+            {"name": "launch-spec", "configMap": {"name": names.configmap}},
+            {
+                "name": "dshm",
+                "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size or DEFAULT_SHM},
+            },
+            *[dict(v) for v in spec.volumes],
+        ],
+    }
+    if spec.verl.image_pull_policy is not None:
+        pod_spec["containers"][0]["imagePullPolicy"] = spec.verl.image_pull_policy
+    if spec.resources.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in spec.resources.tolerations]
+    if sched.priority_class_name:
+        pod_spec["priorityClassName"] = sched.priority_class_name
+    if sched.queue_name is not None:
+        # Kueue's pod-group integration gates, admits and places the pods itself.
+        labels[KUEUE_QUEUE_LABEL] = sched.queue_name
+        labels[KUEUE_GROUP_LABEL] = f"{name}-r{attempt}"
+        annotations[KUEUE_GROUP_COUNT] = str(plan.nnodes)
+    elif sched.scheduler == "volcano":
+        pod_spec["schedulerName"] = "volcano"
+        annotations[VOLCANO_GROUP_ANNOTATION] = f"{name}-r{attempt}"
+    else:
+        # Built-in gang: held by a scheduling gate until every pod exists, pinned to its chosen node.
+        pod_spec["schedulingGates"] = [{"name": GANG_GATE}]
+    if node is not None:
+        annotations[ANNOTATION_NODE] = node
+        pod_spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    ]
+                }
+            }
+        }
+    elif spec.resources.node_selector or spec.resources.gpu_product:
+        selector = dict(spec.resources.node_selector)
+        if spec.resources.gpu_product:
+            selector["nvidia.com/gpu.product"] = spec.resources.gpu_product
+        pod_spec["nodeSelector"] = selector
+    metadata = _metadata(job, names.pod(attempt, index), labels)
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _ports(role: str) -> list[dict[str, Any]]:
+    if role != "head":
+        return []
+    return [
+        {"name": "gcs", "containerPort": RAY_GCS_PORT},
+        {"name": "dashboard", "containerPort": RAY_DASHBOARD_PORT},
+        {"name": "client", "containerPort": RAY_CLIENT_PORT},
+    ]
+
+
+def build_head_pod(
+    job: Mapping[str, Any], spec: VerlJobSpec, plan: LaunchPlan, attempt: int
+) -> dict[str, Any]:
+    """The Ray head pod: node 0 of the job, holding that node's planned GPUs.
+
+    Args:
+        job: The VerlJob body.
+        spec: The parsed spec.
+        plan: Plan and placement (``plan.nodes[0]`` pins the pod when set).
+        attempt: Ray cluster incarnation (0-based), part of the pod name and ``VERL_OPERATOR_ATTEMPT``.
+
+    Returns:
+        The Pod manifest.
+    """
+    return _build_pod(job, spec, plan, 0, attempt)
+
+
+def build_worker_pod(
+    job: Mapping[str, Any], spec: VerlJobSpec, plan: LaunchPlan, index: int, attempt: int
+) -> dict[str, Any]:
+    """The Ray worker pod of node ``index`` (1 .. nnodes-1), holding that node's planned GPUs.
+
+    Raises:
+        ValueError: ``index`` is not a worker index of the plan.
+    """
+    if not 1 <= index < plan.nnodes:
+        raise ValueError(f"worker index {index} outside 1..{plan.nnodes - 1}")
+    return _build_pod(job, spec, plan, index, attempt)
+
+
+def build_podgroup(job: Mapping[str, Any], plan: LaunchPlan, attempt: int) -> dict[str, Any]:
+    """Volcano PodGroup ``<job>-r<attempt>`` with ``minMember`` = every Ray pod (all or nothing)."""
+    name, _, _ = job_identity(job)
+    gpus = plan.nnodes * plan.gpus_per_node
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": _metadata(job, f"{name}-r{attempt}"),
+        "spec": {"minMember": plan.nnodes, "minResources": {"nvidia.com/gpu": str(gpus)}},
+    }
+
+
+def build_children(
+    job: Mapping[str, Any], spec: VerlJobSpec, plan: LaunchPlan, attempt: int
+) -> list[dict[str, Any]]:
+    """Every child in creation order: ConfigMap, Service, (PodGroup), head pod, worker pods."""
+    children = [build_launch_configmap(job, spec, plan), build_service(job)]
+    if spec.scheduling.queue_name is None and spec.scheduling.scheduler == "volcano":
+        children.append(build_podgroup(job, plan, attempt))
+    children.append(build_head_pod(job, spec, plan, attempt))
+    children.extend(build_worker_pod(job, spec, plan, i, attempt) for i in range(1, plan.nnodes))
+    return children

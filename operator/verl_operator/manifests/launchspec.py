@@ -1,0 +1,114 @@
+"""The launch spec (``launch.json``): the operator-to-launcher contract."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from verl_operator.api.spec import VerlJobSpec
+from verl_operator.manifests.names import ChildNames
+
+RAY_GCS_PORT = 6379
+RAY_DASHBOARD_PORT = 8265
+RAY_CLIENT_PORT = 10001
+LAUNCH_DIR = "/etc/verl-operator"
+LAUNCH_KEY = "launch.json"
+LAUNCH_PATH = f"{LAUNCH_DIR}/{LAUNCH_KEY}"
+ENTRYPOINT = ("python3", "-m", "verl.trainer.main_ppo")
+#: Pod network interface of a standard Kubernetes pod; NCCL and Gloo otherwise may pick a wrong one
+#: (verl issues #967, #597).
+DEFAULT_NETWORK_ENV = {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
+#: Time the launcher waits for all planned Ray nodes / for joining the head (contract defaults).
+CLUSTER_READY_SECONDS = 600
+WORKER_JOIN_SECONDS = 600
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The parts of a plan and its placement that the children depend on.
+
+    Attributes:
+        verl_version: verl release line (``0.6`` / ``0.9``).
+        nnodes: Ray pods (nodes).
+        gpus_per_node: GPUs each pod holds.
+        overrides: The full verl override list of the plan.
+        nvlink_group_size: GPUs per NVLink group (1 = none required).
+        require_nvlink: ``spec.placement.nvlink == "required"``.
+        gpu_product: GPU product of the chosen nodes, if known.
+        gpu_memory_mib: GPU memory of the chosen nodes, if known.
+        nodes: Chosen node names, index 0 hosts the head; empty when a scheduler of its own places the pods.
+    """
+
+    verl_version: str
+    nnodes: int
+    gpus_per_node: int
+    overrides: tuple[str, ...]
+    nvlink_group_size: int = 1
+    require_nvlink: bool = False
+    gpu_product: str | None = None
+    gpu_memory_mib: int | None = None
+    nodes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_plan_json(
+        cls,
+        plan: Mapping[str, Any],
+        spec: VerlJobSpec,
+        nodes: Sequence[str] = (),
+        gpu_product: str | None = None,
+        gpu_memory_mib: int | None = None,
+    ) -> LaunchPlan:
+        """Build from the planner's camelCase plan dict (``PlanResult.to_json_dict()["plan"]``)."""
+        return cls(
+            verl_version=str(plan.get("verlVersion", spec.verl.version)),
+            nnodes=int(plan["nnodes"]),
+            gpus_per_node=int(plan["gpusPerNode"]),
+            overrides=tuple(str(o) for o in plan.get("overrides", [])),
+            nvlink_group_size=int(plan.get("nvlinkGroupSize", 1) or 1),
+            require_nvlink=spec.placement.nvlink == "required",
+            gpu_product=gpu_product,
+            gpu_memory_mib=gpu_memory_mib,
+            nodes=tuple(nodes),
+        )
+
+
+def job_identity(job: Mapping[str, Any]) -> tuple[str, str, str]:
+    """``(name, namespace, uid)`` of a VerlJob body."""
+    meta = job.get("metadata", {})
+    return str(meta["name"]), str(meta.get("namespace") or "default"), str(meta.get("uid", ""))
+
+
+def build_launch_spec(job: Mapping[str, Any], spec: VerlJobSpec, plan: LaunchPlan) -> dict[str, Any]:
+    """The ``launch.json`` document of the contract.
+
+    Args:
+        job: The VerlJob body (metadata is read).
+        spec: The parsed spec.
+        plan: The plan and placement.
+
+    Returns:
+        The camelCase dict written as JSON into the ConfigMap.
+    """
+    name, namespace, uid = job_identity(job)
+    names = ChildNames(name, namespace)
+    return {
+        "apiVersion": "verl-operator.io/v1alpha1",
+        "kind": "LaunchSpec",
+        "job": {"name": name, "namespace": namespace, "uid": uid},
+        "verlVersion": plan.verl_version,
+        "nnodes": plan.nnodes,
+        "gpusPerNode": plan.gpus_per_node,
+        "head": {"host": names.head_host, "port": RAY_GCS_PORT, "dashboardPort": RAY_DASHBOARD_PORT},
+        "entrypoint": list(ENTRYPOINT),
+        "overrides": list(plan.overrides),
+        "env": dict(DEFAULT_NETWORK_ENV),
+        "expect": {
+            "gpuProduct": plan.gpu_product,
+            "gpuMemoryMiB": plan.gpu_memory_mib,
+            "requireNvlink": plan.require_nvlink,
+            "nvlinkGroupSize": plan.nvlink_group_size,
+        },
+        "checkpoint": {"dir": spec.checkpoint.dir, "resume": spec.checkpoint.resume},
+        "timeouts": {"clusterReadySeconds": CLUSTER_READY_SECONDS, "workerJoinSeconds": WORKER_JOIN_SECONDS},
+    }
