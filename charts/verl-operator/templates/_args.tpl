@@ -1,0 +1,27 @@
+{{/*
+The operator's command line: `verl-operator run` with the watch scope, the probe, metrics and webhook server
+settings. The webhook configuration object is owned by the chart, so the operator does not manage it.
+*/}}
+{{- define "verl-operator.args" -}}
+- verl-operator
+- run
+{{- if .Values.watchNamespaces }}
+{{- range .Values.watchNamespaces }}
+- --namespace={{ . }}
+{{- end }}
+{{- else }}
+- --all-namespaces
+{{- end }}
+- --health-port={{ .Values.health.port }}
+{{- if .Values.metrics.enabled }}
+- --metrics-port={{ .Values.metrics.port }}
+{{- end }}
+{{- if (include "verl-operator.webhookInCluster" .) }}
+- --webhook-port={{ .Values.webhook.port }}
+- --webhook-cert=/etc/verl-operator/webhook/tls.crt
+- --webhook-key=/etc/verl-operator/webhook/tls.key
+{{- end }}
+{{- range .Values.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,101 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "verl-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name of the release's objects: release-chart, or the release name when it already holds the chart name. */}}
+{{- define "verl-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "verl-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "verl-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "verl-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "verl-operator.labels" -}}
+helm.sh/chart: {{ include "verl-operator.chart" . }}
+{{ include "verl-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "verl-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "verl-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "verl-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Names of the webhook objects. */}}
+{{- define "verl-operator.webhookServiceName" -}}
+{{- printf "%s-webhook" (include "verl-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "verl-operator.webhookSecretName" -}}
+{{- if .Values.webhook.tls.existingSecret }}
+{{- .Values.webhook.tls.existingSecret }}
+{{- else }}
+{{- printf "%s-webhook-tls" (include "verl-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* The webhook server runs in the operator pod (not dev mode): it needs the certificate mounted. */}}
+{{- define "verl-operator.webhookInCluster" -}}
+{{- if and .Values.webhook.enabled (not .Values.webhook.url) }}true{{ end }}
+{{- end }}
+
+{{/*
+A rule of a Role/ClusterRole: apiGroups, resources and verbs, minus the verbs in rbac.dropVerbs. A rule left
+with no verbs is not rendered at all (the API server rejects an empty verb list).
+Call with (dict "root" $ "groups" (list ...) "resources" (list ...) "verbs" (list ...)).
+*/}}
+{{- define "verl-operator.rule" -}}
+{{- $verbs := list }}
+{{- range .verbs }}
+{{- if not (has . $.root.Values.rbac.dropVerbs) }}
+{{- $verbs = append $verbs . }}
+{{- end }}
+{{- end }}
+{{- if $verbs }}
+- apiGroups: {{ toJson .groups }}
+  resources: {{ toJson .resources }}
+  verbs: {{ toJson $verbs }}
+{{- end }}
+{{- end }}
+
+{{/* The rules of the namespaced resources the operator reads and writes (a ClusterRole or one Role per namespace). */}}
+{{- define "verl-operator.namespacedRules" -}}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "verl-operator.io") "resources" (list "verljobs") "verbs" (list "get" "list" "watch" "patch")) }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "verl-operator.io") "resources" (list "verljobs/status") "verbs" (list "get" "patch")) }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "pods") "verbs" (list "get" "list" "watch" "create" "delete" "patch")) }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "services" "configmaps") "verbs" (list "get" "list" "watch" "create" "delete")) }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "" "events.k8s.io") "resources" (list "events") "verbs" (list "create")) }}
+{{- if .Values.rbac.volcano }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "scheduling.volcano.sh") "resources" (list "podgroups") "verbs" (list "get" "list" "watch" "create" "delete")) }}
+{{- end }}
+{{- end }}
+
+{{/* The rules of cluster-scoped resources: always a ClusterRole. */}}
+{{- define "verl-operator.clusterRules" -}}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "nodes") "verbs" (list "get" "list" "watch")) }}
+{{- end }}

@@ -1,0 +1,383 @@
+"""The Helm chart rendered by the real ``helm`` binary (no cluster): lint, objects, RBAC, certificates."""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "verl-operator"
+RELEASE = "vo"
+NAMESPACE = "verl-system"
+FULLNAME = "vo-verl-operator"
+
+#: Verbs a rule of the chart may grant: never a wildcard, never escalate/bind/impersonate.
+ALLOWED_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
+
+
+def helm_binary() -> str:
+    """``$HELM`` when set, else the pinned helm of the devcluster cache (built once from its Go module)."""
+    override = os.environ.get("HELM")
+    if override:
+        return override
+    try:
+        from verl_operator.devcluster import binaries
+    except ImportError:  # pragma: no cover - the devcluster package ships with the project
+        found = shutil.which("helm")
+        if found is None:
+            pytest.fail("no helm binary: set HELM, or install the project with its devcluster package")
+        return found
+    return str(binaries.ensure(("helm",))["helm"])
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    return helm_binary()
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def render(
+    helm: str, *sets: str, values: dict[str, Any] | None = None, tmp: Path | None = None
+) -> list[dict[str, Any]]:
+    """``helm template`` with ``--set`` pairs (and a values file); the rendered objects."""
+    argv = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    for item in sets:
+        argv += ["--set", item]
+    if values is not None:
+        assert tmp is not None
+        path = tmp / "values.yaml"
+        path.write_text(yaml.safe_dump(values))
+        argv += ["--values", str(path)]
+    proc = run_helm(helm, *argv)
+    assert proc.returncode == 0, proc.stderr
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(objects, kind)
+    assert len(found) == 1, f"expected one {kind}, got {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def rules(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for obj in objects:
+        if obj["kind"] in ("ClusterRole", "Role"):
+            for rule in obj.get("rules") or []:
+                yield f"{obj['kind']}/{obj['metadata'].get('namespace', '')}/{obj['metadata']['name']}", rule
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    containers = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    first: dict[str, Any] = containers[0]
+    return first
+
+
+NON_DEFAULT: dict[str, Any] = {
+    "image": {"repository": "registry.example/verl-operator", "tag": "1.2.3", "pullPolicy": "Always"},
+    "watchNamespaces": ["team-a", "team-b"],
+    "extraArgs": ["--verbose"],
+    "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+    "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
+    "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+    "rbac": {"volcano": True},
+    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+    "webhook": {"failurePolicy": "Ignore", "timeoutSeconds": 5},
+}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [pytest.param({}, id="defaults"), pytest.param(NON_DEFAULT, id="non-default")],
+)
+def test_lint_strict_passes(helm: str, values: dict[str, Any], tmp_path: Path) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    proc = run_helm(helm, "lint", "--strict", str(CHART), "--values", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+def test_defaults_render_a_cluster_wide_install(helm: str) -> None:
+    objects = render(helm)
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == sorted(
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "Service",  # webhook
+            "Service",  # metrics
+            "Secret",  # webhook TLS
+            "ValidatingWebhookConfiguration",
+        ]
+    )
+    for obj in objects:
+        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration"):
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]
+    args = container(objects)["args"]
+    assert args[:2] == ["verl-operator", "run"]
+    assert "--all-namespaces" in args
+    assert not [a for a in args if a.startswith("--namespace")]
+
+
+def test_deployment_is_hardened(helm: str) -> None:
+    objects = render(helm)
+    deployment = one(objects, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == FULLNAME
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    ctr = container(objects)
+    sc = ctr["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert "add" not in sc["capabilities"]
+    assert set(ctr["resources"]["requests"]) == {"cpu", "memory"}
+    ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
+    for probe in ("livenessProbe", "readinessProbe"):
+        get = ctr[probe]["httpGet"]
+        assert get["path"] == "/healthz"
+        assert ports[get["port"]] == 8080
+    assert f"--health-port={ports['health']}" in ctr["args"]
+    assert f"--webhook-port={ports['webhook']}" in ctr["args"]
+    # A read-only root filesystem needs a writable /tmp.
+    mounts = {m["mountPath"]: m["name"] for m in ctr["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+
+
+def test_non_default_values_reach_the_objects(helm: str, tmp_path: Path) -> None:
+    objects = render(helm, values=NON_DEFAULT, tmp=tmp_path)
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    ctr = container(objects)
+    assert ctr["image"] == "registry.example/verl-operator:1.2.3"
+    assert ctr["imagePullPolicy"] == "Always"
+    assert pod["nodeSelector"] == NON_DEFAULT["nodeSelector"]
+    assert pod["tolerations"] == NON_DEFAULT["tolerations"]
+    assert ctr["resources"] == NON_DEFAULT["resources"]
+    assert {"name": "HTTPS_PROXY", "value": "http://proxy:3128"} in ctr["env"]
+    assert ctr["args"][-1] == "--verbose"
+    assert [a for a in ctr["args"] if a.startswith("--namespace")] == [
+        "--namespace=team-a",
+        "--namespace=team-b",
+    ]
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    metrics_service = next(
+        s for s in by_kind(objects, "Service") if s["metadata"]["name"].endswith("-metrics")
+    )
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= metrics_service["metadata"]["labels"].items()
+    webhook = one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
+    assert webhook["failurePolicy"] == "Ignore"
+    assert webhook["timeoutSeconds"] == 5
+    assert any("scheduling.volcano.sh" in r["apiGroups"] for _, r in rules(objects))
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        pytest.param((), id="cluster-wide"),
+        pytest.param(("watchNamespaces={a,b}",), id="namespaces"),
+        pytest.param(("rbac.volcano=true",), id="volcano"),
+    ],
+)
+def test_rbac_has_no_wildcards_and_only_known_verbs(helm: str, sets: tuple[str, ...]) -> None:
+    objects = render(helm, *sets)
+    found = list(rules(objects))
+    assert found
+    for where, rule in found:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], f"{where}: wildcard in {field}: {rule}"
+        assert set(rule["verbs"]) <= ALLOWED_VERBS, f"{where}: {rule}"
+        assert "resourceNames" not in rule or rule["resourceNames"]
+        # The chart owns the webhook configuration and the operator reads no Secrets.
+        assert not {"secrets", "validatingwebhookconfigurations", "clusterroles", "roles"} & set(
+            rule["resources"]
+        )
+
+
+def test_namespace_mode_renders_roles_not_a_cluster_wide_grant(helm: str) -> None:
+    objects = render(helm, "watchNamespaces={team-a,team-b}")
+    roles = by_kind(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    bindings = by_kind(objects, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for binding in bindings:
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    for role in roles:
+        resources = {res for rule in role["rules"] for res in rule["resources"]}
+        assert {"verljobs", "verljobs/status", "pods", "configmaps", "services", "events"} <= resources
+    # Only the cluster-scoped read of nodes stays in the ClusterRole.
+    cluster_role = one(objects, "ClusterRole")
+    assert [rule["resources"] for rule in cluster_role["rules"]] == [["nodes"]]
+    assert cluster_role["rules"][0]["verbs"] == ["get", "list", "watch"]
+    webhook = one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
+    assert webhook["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+    ]
+
+
+def test_cluster_wide_mode_renders_no_role(helm: str) -> None:
+    objects = render(helm)
+    assert by_kind(objects, "Role") == []
+    resources = {res for _, rule in rules(objects) for res in rule["resources"]}
+    assert {"nodes", "verljobs", "verljobs/status", "pods", "services", "configmaps", "events"} == resources
+    assert "namespaceSelector" not in one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
+
+
+@pytest.mark.parametrize(
+    ("verb", "gone_resource"),
+    [
+        pytest.param("create", "events", id="create-drops-the-events-rule"),
+        pytest.param("watch", None, id="watch"),
+        pytest.param("patch", None, id="patch"),
+    ],
+)
+def test_drop_verbs_removes_the_verb_everywhere(helm: str, verb: str, gone_resource: str | None) -> None:
+    full = list(rules(render(helm)))
+    dropped = list(rules(render(helm, f"rbac.dropVerbs={{{verb}}}")))
+    assert any(verb in r["verbs"] for _, r in full)
+    assert all(verb not in r["verbs"] for _, r in dropped)
+    for _, rule in dropped:
+        assert rule["verbs"], "a rule left without verbs must not be rendered"
+    if gone_resource is not None:
+        assert not any(gone_resource in r["resources"] for _, r in dropped)
+
+
+def _cert(b64: str) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(base64.b64decode(b64))
+
+
+def test_self_generated_certificate_is_signed_by_the_ca_bundle(helm: str) -> None:
+    objects = render(helm)
+    secret = one(objects, "Secret")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert set(secret["data"]) == {"ca.crt", "tls.crt", "tls.key"}
+    webhook = one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
+    ca = _cert(webhook["clientConfig"]["caBundle"])
+    assert ca == _cert(secret["data"]["ca.crt"])
+    serving = _cert(secret["data"]["tls.crt"])
+    serving.verify_directly_issued_by(ca)
+    names = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    service = webhook["clientConfig"]["service"]
+    assert f"{service['name']}.{service['namespace']}.svc" in names.get_values_for_type(x509.DNSName)
+    webhook_service = next(s for s in by_kind(objects, "Service") if s["metadata"]["name"] == service["name"])
+    assert webhook_service["spec"]["ports"][0]["port"] == service["port"]
+    assert webhook_service["spec"]["ports"][0]["targetPort"] == "webhook"
+    assert service["path"] == one_value(helm, "webhook.path")
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    tls_volume = next(v for v in pod["volumes"] if "secret" in v)
+    assert tls_volume["secret"]["secretName"] == secret["metadata"]["name"]
+    assert webhook["rules"][0]["resources"] == ["verljobs"]
+    assert webhook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+
+
+def one_value(helm: str, dotted: str) -> Any:
+    proc = run_helm(helm, "show", "values", str(CHART))
+    assert proc.returncode == 0, proc.stderr
+    node: Any = yaml.safe_load(proc.stdout)
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def test_dev_mode_url_points_the_api_server_outside_the_cluster(helm: str) -> None:
+    objects = render(helm, "webhook.url=https://127.0.0.1:18443", "deployment.enabled=false")
+    assert by_kind(objects, "Deployment") == []
+    assert all(not s["metadata"]["name"].endswith("-webhook") for s in by_kind(objects, "Service"))
+    webhook = one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
+    assert webhook["clientConfig"]["url"] == "https://127.0.0.1:18443" + one_value(helm, "webhook.path")
+    assert "service" not in webhook["clientConfig"]
+    secret = one(objects, "Secret")
+    serving = _cert(secret["data"]["tls.crt"])
+    serving.verify_directly_issued_by(_cert(webhook["clientConfig"]["caBundle"]))
+    names = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert ipaddress.ip_address("127.0.0.1") in names.get_values_for_type(x509.IPAddress)
+
+
+def test_provided_ca_bundle_replaces_the_generated_secret(helm: str) -> None:
+    bundle = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
+    objects = render(helm, "webhook.tls.existingSecret=my-tls", f"webhook.tls.caBundle={bundle}")
+    assert by_kind(objects, "Secret") == []
+    assert one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]["clientConfig"]["caBundle"] == bundle
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert next(v for v in pod["volumes"] if "secret" in v)["secret"]["secretName"] == "my-tls"
+
+
+def test_existing_secret_without_ca_bundle_fails_with_the_reason(helm: str) -> None:
+    proc = run_helm(helm, "template", RELEASE, str(CHART), "--set", "webhook.tls.existingSecret=my-tls")
+    assert proc.returncode != 0
+    assert "webhook.tls.existingSecret needs webhook.tls.caBundle" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("sets", "issuer_kind", "issuer_name"),
+    [
+        pytest.param((), "Issuer", f"{FULLNAME}-selfsigned", id="chart-issuer"),
+        pytest.param(
+            (
+                "webhook.certManager.issuerRef.name=corp-ca",
+                "webhook.certManager.issuerRef.kind=ClusterIssuer",
+            ),
+            "ClusterIssuer",
+            "corp-ca",
+            id="own-issuer",
+        ),
+    ],
+)
+def test_cert_manager_mode(helm: str, sets: tuple[str, ...], issuer_kind: str, issuer_name: str) -> None:
+    objects = render(helm, "webhook.certManager.enabled=true", *sets)
+    assert by_kind(objects, "Secret") == []
+    assert len(by_kind(objects, "Issuer")) == (1 if issuer_kind == "Issuer" else 0)
+    certificate = one(objects, "Certificate")
+    assert certificate["spec"]["issuerRef"] == {"name": issuer_name, "kind": issuer_kind}
+    config = one(objects, "ValidatingWebhookConfiguration")
+    assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
+        f"{NAMESPACE}/{certificate['metadata']['name']}"
+    )
+    assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert (
+        next(v for v in pod["volumes"] if "secret" in v)["secret"]["secretName"]
+        == certificate["spec"]["secretName"]
+    )
+    service = config["webhooks"][0]["clientConfig"]["service"]
+    assert f"{service['name']}.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
+
+
+def test_webhook_disabled_renders_no_admission_objects(helm: str) -> None:
+    objects = render(helm, "webhook.enabled=false", "metrics.enabled=false")
+    assert {o["kind"] for o in objects} == {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+    }
+    ctr = container(objects)
+    assert not [a for a in ctr["args"] if a.startswith(("--webhook", "--metrics"))]
+    assert [p["name"] for p in ctr["ports"]] == ["health"]
