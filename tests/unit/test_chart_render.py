@@ -232,10 +232,14 @@ def test_namespace_mode_renders_roles_not_a_cluster_wide_grant(helm: str) -> Non
     for role in roles:
         resources = {res for rule in role["rules"] for res in rule["resources"]}
         assert {"verljobs", "verljobs/status", "pods", "configmaps", "services", "events"} <= resources
-    # Only the cluster-scoped read of nodes stays in the ClusterRole.
+    # Only read access to cluster-scoped objects (nodes, the CRD) stays in the ClusterRole.
     cluster_role = one(objects, "ClusterRole")
-    assert [rule["resources"] for rule in cluster_role["rules"]] == [["nodes"]]
-    assert cluster_role["rules"][0]["verbs"] == ["get", "list", "watch"]
+    assert sorted(res for rule in cluster_role["rules"] for res in rule["resources"]) == [
+        "customresourcedefinitions",
+        "nodes",
+    ]
+    for rule in cluster_role["rules"]:
+        assert rule["verbs"] == ["get", "list", "watch"]
     webhook = one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
     assert webhook["namespaceSelector"]["matchExpressions"] == [
         {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
@@ -246,26 +250,41 @@ def test_cluster_wide_mode_renders_no_role(helm: str) -> None:
     objects = render(helm)
     assert by_kind(objects, "Role") == []
     resources = {res for _, rule in rules(objects) for res in rule["resources"]}
-    assert {"nodes", "verljobs", "verljobs/status", "pods", "services", "configmaps", "events"} == resources
+    assert resources == {
+        "nodes",
+        "namespaces",
+        "customresourcedefinitions",
+        "verljobs",
+        "verljobs/status",
+        "pods",
+        "services",
+        "configmaps",
+        "events",
+    }
     assert "namespaceSelector" not in one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
 
 
 @pytest.mark.parametrize(
-    ("verb", "gone_resource"),
+    ("verbs", "gone_resource"),
     [
-        pytest.param("create", "events", id="create-drops-the-events-rule"),
-        pytest.param("watch", None, id="watch"),
-        pytest.param("patch", None, id="patch"),
+        pytest.param(("create", "patch"), "events", id="create-patch-drop-the-events-rule"),
+        pytest.param(("watch",), None, id="watch"),
+        pytest.param(("patch",), None, id="patch"),
+        pytest.param(("get", "patch"), "verljobs/status", id="get-patch-drop-the-status-rule"),
     ],
 )
-def test_drop_verbs_removes_the_verb_everywhere(helm: str, verb: str, gone_resource: str | None) -> None:
+def test_drop_verbs_removes_the_verbs_everywhere(
+    helm: str, verbs: tuple[str, ...], gone_resource: str | None
+) -> None:
     full = list(rules(render(helm)))
-    dropped = list(rules(render(helm, f"rbac.dropVerbs={{{verb}}}")))
-    assert any(verb in r["verbs"] for _, r in full)
-    assert all(verb not in r["verbs"] for _, r in dropped)
+    dropped = list(rules(render(helm, "rbac.dropVerbs={" + ",".join(verbs) + "}")))
+    for verb in verbs:
+        assert any(verb in r["verbs"] for _, r in full)
+        assert all(verb not in r["verbs"] for _, r in dropped)
     for _, rule in dropped:
         assert rule["verbs"], "a rule left without verbs must not be rendered"
     if gone_resource is not None:
+        assert any(gone_resource in r["resources"] for _, r in full)
         assert not any(gone_resource in r["resources"] for _, r in dropped)
 
 

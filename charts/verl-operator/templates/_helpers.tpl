@@ -83,19 +83,30 @@ Call with (dict "root" $ "groups" (list ...) "resources" (list ...) "verbs" (lis
 {{- end }}
 {{- end }}
 
-{{/* The rules of the namespaced resources the operator reads and writes (a ClusterRole or one Role per namespace). */}}
+{{/*
+The rules of the namespaced resources the operator reads and writes (a ClusterRole, or one Role per watched
+namespace). They match the table "RBAC verbs the operator uses" in docs/operator.md.
+*/}}
 {{- define "verl-operator.namespacedRules" -}}
-{{- include "verl-operator.rule" (dict "root" . "groups" (list "verl-operator.io") "resources" (list "verljobs") "verbs" (list "get" "list" "watch" "patch")) }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "verl-operator.io") "resources" (list "verljobs") "verbs" (list "get" "list" "watch" "patch" "delete")) }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "verl-operator.io") "resources" (list "verljobs/status") "verbs" (list "get" "patch")) }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "pods") "verbs" (list "get" "list" "watch" "create" "delete" "patch")) }}
-{{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "services" "configmaps") "verbs" (list "get" "list" "watch" "create" "delete")) }}
-{{- include "verl-operator.rule" (dict "root" . "groups" (list "" "events.k8s.io") "resources" (list "events") "verbs" (list "create")) }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "configmaps") "verbs" (list "get" "list" "watch" "create" "patch" "delete")) }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "services") "verbs" (list "get" "list" "watch" "create" "delete")) }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "" "events.k8s.io") "resources" (list "events") "verbs" (list "create" "patch")) }}
 {{- if .Values.rbac.volcano }}
-{{- include "verl-operator.rule" (dict "root" . "groups" (list "scheduling.volcano.sh") "resources" (list "podgroups") "verbs" (list "get" "list" "watch" "create" "delete")) }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "scheduling.volcano.sh") "resources" (list "podgroups") "verbs" (list "get" "create" "delete")) }}
 {{- end }}
 {{- end }}
 
-{{/* The rules of cluster-scoped resources: always a ClusterRole. */}}
+{{/*
+The rules of cluster-scoped resources: always a ClusterRole. Nodes feed the placement index; kopf discovers the
+VerlJob resource from its CRD; cluster-wide, kopf also observes namespaces.
+*/}}
 {{- define "verl-operator.clusterRules" -}}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "nodes") "verbs" (list "get" "list" "watch")) }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "apiextensions.k8s.io") "resources" (list "customresourcedefinitions") "verbs" (list "get" "list" "watch")) }}
+{{- if not .Values.watchNamespaces }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "namespaces") "verbs" (list "get" "list" "watch")) }}
+{{- end }}
 {{- end }}
