@@ -10,6 +10,7 @@ from collections.abc import Sequence
 # Each module defines ``add_parser(subparsers) -> None`` and sets ``func`` (args -> exit code) on its parser.
 COMMAND_MODULES: tuple[str, ...] = (
     "verl_operator.commands.devcluster",
+    "verl_operator.commands.plan",
 )
 
 

@@ -1,0 +1,233 @@
+"""``verl-operator plan``: plan a VerlJob against a node list (a file or a live cluster) and print the result.
+
+Exit codes: 0 feasible, 1 invalid or infeasible, 2 usage or parse error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+from pydantic import ValidationError
+
+from verl_operator.api.spec import VerlJob
+from verl_operator.planner import PlanResult, plan_job
+
+EXIT_FEASIBLE = 0
+EXIT_INFEASIBLE = 1
+EXIT_USAGE = 2
+
+
+class InputError(Exception):
+    """A file that cannot be read or parsed (exit code 2)."""
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register the ``plan`` subcommand."""
+    parser = subparsers.add_parser(
+        "plan",
+        help="Plan a VerlJob on a set of nodes (valid mesh, batch sizes, memory) without creating anything.",
+        description=(
+            "Print the plan (or the violations) for JOB.yaml on the nodes of NODES.yaml "
+            "(kubectl get nodes -o yaml) or of a live cluster (--kubeconfig). "
+            "Exit 0 feasible, 1 invalid or infeasible, 2 usage or parse error."
+        ),
+    )
+    parser.add_argument("-f", "--filename", required=True, help="The VerlJob YAML file.")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--nodes", help="Nodes YAML: a v1 List (kubectl get nodes -o yaml) or multi-document Nodes."
+    )
+    source.add_argument("--kubeconfig", help="Read the nodes of a live cluster with this kubeconfig.")
+    parser.add_argument(
+        "-o", "--output", choices=("table", "json", "yaml"), default="table", help="Output format."
+    )
+    parser.set_defaults(func=run)
+
+
+def load_job(path: str) -> VerlJob:
+    """Read and validate a VerlJob file.
+
+    Raises:
+        InputError: unreadable file, bad YAML, or a spec that does not validate (with the field paths).
+    """
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise InputError(f"{path} does not hold a VerlJob object")
+    try:
+        return VerlJob.model_validate(doc)
+    except ValidationError as exc:
+        lines = [f"{path}: invalid VerlJob:"]
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            lines.append(f"  {loc}: {err['msg']}")
+        raise InputError("\n".join(lines)) from exc
+
+
+def load_nodes(path: str) -> list[dict[str, Any]]:
+    """Read Node objects from a v1 List, a NodeList, a single Node or multi-document YAML.
+
+    Raises:
+        InputError: unreadable file, bad YAML, or documents that are not Nodes.
+    """
+    try:
+        docs = list(yaml.safe_load_all(Path(path).read_text(encoding="utf-8")))
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path} is not valid YAML: {exc}") from exc
+    nodes: list[dict[str, Any]] = []
+    for doc in docs:
+        if doc is None:
+            continue
+        if not isinstance(doc, dict):
+            raise InputError(f"{path}: a document is not a Kubernetes object")
+        kind = doc.get("kind")
+        if kind in ("List", "NodeList"):
+            for item in doc.get("items") or []:
+                if not isinstance(item, dict) or item.get("kind", "Node") != "Node":
+                    raise InputError(f"{path}: a list item is not a Node")
+                nodes.append(item)
+        elif kind == "Node":
+            nodes.append(doc)
+        else:
+            raise InputError(f"{path}: expected Node, NodeList or List, got kind {kind!r}")
+    return nodes
+
+
+def live_nodes(kubeconfig: str) -> list[dict[str, Any]]:
+    """List the nodes of a live cluster as camelCase dicts.
+
+    Raises:
+        InputError: the kubeconfig cannot be loaded or the API server cannot be reached.
+    """
+    from kubernetes import client, config  # the planner itself never imports the Kubernetes client
+
+    try:
+        api_client: Any = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        listed = client.CoreV1Api(api_client).list_node()
+        data = api_client.sanitize_for_serialization(listed)  # camelCase, as kubectl prints it
+    except Exception as exc:  # kubeconfig, TLS and HTTP errors all mean "cannot read the nodes"
+        raise InputError(f"cannot list nodes with {kubeconfig}: {exc}") from exc
+    items = data.get("items") or []
+    return [i for i in items if isinstance(i, dict)]
+
+
+def render_table(result: PlanResult) -> str:
+    """The human view: a summary, the derived numbers, the memory estimate and the overrides."""
+    out: list[str] = []
+    plan = result.plan
+    if plan is None:
+        out.append("INFEASIBLE")
+        for v in result.violations:
+            out.append(f"  x {v.field} [{v.rule}]")
+            out.append(f"      {v.message}")
+            for s in v.suggestions:
+                out.append(f"      -> {s}")
+    else:
+        b, ro, mem = plan.batching, plan.rollout, plan.memory
+        rows = [
+            ("verl", plan.verl_version),
+            ("nodes", f"{plan.nnodes} x {plan.gpus_per_node} GPUs ({plan.node_pool.gpu_product})"),
+            ("candidates", ", ".join(plan.candidate_nodes)),
+            (
+                "world / DP / SP / fsdp",
+                f"{plan.world_size} / {plan.data_parallel_size} / "
+                f"{plan.sequence_parallel_size} / {plan.fsdp_size}",
+            ),
+            (
+                "rollout",
+                f"{ro.mode}, TP {ro.tensor_parallel_size}, {ro.replicas} replicas, "
+                f"{ro.prompts_per_replica:g} prompts each, gmu {ro.gpu_memory_utilization}",
+            ),
+            (
+                "batch",
+                f"{b.train_batch_size} prompts x n {b.rollout_n} = {b.trajectories_per_step} trajectories",
+            ),
+            (
+                "mini-batch",
+                f"{b.ppo_mini_batch_size} prompts -> {b.mini_batch_per_gpu} per GPU, "
+                f"{b.mini_batches_per_step} per step",
+            ),
+        ]
+        if b.dynamic_batch_size:
+            rows.append(
+                (
+                    "token budget",
+                    f"{b.max_token_len_per_gpu} per GPU (log-prob {b.log_prob_max_token_len_per_gpu})",
+                )
+            )
+        else:
+            rows.append(
+                (
+                    "micro-batch",
+                    f"{b.ppo_micro_batch_size_per_gpu} -> {b.gradient_accumulation_steps} "
+                    "grad-accumulation steps",
+                )
+            )
+            rows.append(
+                (
+                    "log-prob micro",
+                    f"{b.log_prob_micro_batch_size_per_gpu} -> {b.log_prob_passes_per_gpu} passes per GPU",
+                )
+            )
+        rows.append(
+            (
+                "memory (GiB)",
+                f"rollout {mem.rollout_peak_gib}, train {mem.train_peak_gib}, "
+                f"log-prob {mem.log_prob_peak_gib} of {mem.gpu_memory_gib}",
+            )
+        )
+        if plan.padding.padded_trajectories:
+            rows.append(
+                (
+                    "padding",
+                    f"{plan.padding.padded_trajectories} trajectories ({plan.padding.waste_fraction:.1%})",
+                )
+            )
+        width = max(len(k) for k, _ in rows)
+        out.append("FEASIBLE")
+        out += [f"  {k.ljust(width)}  {v}" for k, v in rows]
+        out.append("  overrides:")
+        out += [f"    {o}" for o in plan.overrides]
+    for w in result.warnings:
+        out.append(f"  ! {w}")
+    return "\n".join(out) + "\n"
+
+
+def write_result(result: PlanResult, fmt: str, stream: TextIO) -> None:
+    """Print the result in ``table``, ``json`` or ``yaml``."""
+    if fmt == "json":
+        stream.write(json.dumps(result.to_json_dict(), indent=2) + "\n")
+    elif fmt == "yaml":
+        stream.write(yaml.safe_dump(result.to_json_dict(), sort_keys=False))
+    else:
+        stream.write(render_table(result))
+
+
+def plan_files(job_path: str, nodes: Sequence[Mapping[str, Any]]) -> PlanResult:
+    """Plan the job in ``job_path`` on ``nodes``."""
+    job = load_job(job_path)
+    return plan_job(job.spec, nodes)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``plan``; returns the exit code."""
+    try:
+        nodes = load_nodes(args.nodes) if args.nodes else live_nodes(args.kubeconfig)
+        result = plan_files(args.filename, nodes)
+    except InputError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return EXIT_USAGE
+    write_result(result, args.output, sys.stdout)
+    return EXIT_FEASIBLE if result.feasible else EXIT_INFEASIBLE

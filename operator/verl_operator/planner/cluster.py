@@ -1,0 +1,161 @@
+"""Which nodes can host the job, grouped into uniform pools, and the node counts a job can use.
+
+A pool is a set of eligible nodes with one GPU product, GPU memory and NVLink domain size (the memory model and
+the NVLink rules need one value). A layout picks GPUs per node and a node count from a pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from verl_operator.api.spec import VerlJobSpec
+from verl_operator.planner.facts import NodeFacts, Taint, normalise_product
+
+#: Taints that GPU pods tolerate by convention (the operator adds these tolerations to its pods).
+TOLERATED_TAINT_KEYS: frozenset[str] = frozenset({"nvidia.com/gpu"})
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Eligible nodes with identical GPU product, memory and NVLink domain size, sorted by name."""
+
+    product: str
+    memory_mib: int
+    nvlink_domain: int
+    nodes: tuple[NodeFacts, ...]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """GPUs per node and node count chosen from a pool, with the nodes that can hold that many GPUs."""
+
+    pool: Pool
+    gpus_per_node: int
+    nnodes: int
+    candidates: tuple[str, ...]
+    nvlink_domain: int
+
+    @property
+    def world(self) -> int:
+        """Total GPUs."""
+        return self.gpus_per_node * self.nnodes
+
+
+def _tolerated(taint: Taint, tolerations: Sequence[Mapping[str, Any]]) -> bool:
+    if taint.effect not in ("NoSchedule", "NoExecute") or taint.key in TOLERATED_TAINT_KEYS:
+        return True
+    for tol in tolerations:
+        effect = tol.get("effect") or ""
+        if effect and effect != taint.effect:
+            continue
+        op = tol.get("operator") or "Equal"
+        key = tol.get("key") or ""
+        if op == "Exists" and (not key or key == taint.key):
+            return True
+        if op == "Equal" and key == taint.key and str(tol.get("value") or "") == taint.value:
+            return True
+    return False
+
+
+def exclusion_reason(node: NodeFacts, spec: VerlJobSpec) -> str | None:
+    """Why a node cannot host the job's pods, or None when it can.
+
+    Args:
+        node: The node's facts.
+        spec: The job (GPU product, node selector, tolerations).
+    """
+    res = spec.resources
+    if node.gpus <= 0:
+        return "no allocatable nvidia.com/gpu"
+    if not node.ready:
+        return "not Ready"
+    if not node.schedulable:
+        return "cordoned (spec.unschedulable)"
+    if node.gpu_replicas > 1:
+        return (
+            f"time-sliced GPUs (nvidia.com/gpu.replicas={node.gpu_replicas}): capacity is not physical GPUs"
+        )
+    if res.gpu_product and normalise_product(res.gpu_product) != normalise_product(node.gpu_product):
+        return f"GPU product {node.gpu_product or 'unknown'} is not {res.gpu_product}"
+    for key, value in sorted(res.node_selector.items()):
+        if node.labels.get(key) != value:
+            return f"label {key}={value} missing"
+    for taint in node.taints:
+        if not _tolerated(taint, res.tolerations):
+            return f"taint {taint.key}={taint.value}:{taint.effect} not tolerated"
+    if node.gpu_memory_mib is None:
+        return f"GPU memory unknown: label {node.gpu_product or 'the node'} with nvidia.com/gpu.memory (MiB)"
+    return None
+
+
+def select(facts: Sequence[NodeFacts], spec: VerlJobSpec) -> tuple[list[Pool], dict[str, str]]:
+    """Eligible nodes grouped into pools, and the reason each other node was excluded.
+
+    Pools are ordered by GPU memory ascending, then product name (best fit: the smallest GPUs that can hold
+    the job are tried first, leaving larger ones to larger jobs).
+    """
+    excluded: dict[str, str] = {}
+    groups: dict[tuple[str, int, int], list[NodeFacts]] = {}
+    for node in sorted(facts, key=lambda n: n.name):
+        reason = exclusion_reason(node, spec)
+        if reason is not None:
+            excluded[node.name] = reason
+            continue
+        assert node.gpu_memory_mib is not None  # exclusion_reason guarantees it
+        key = (node.gpu_product, node.gpu_memory_mib, node.nvlink_domain_size)
+        groups.setdefault(key, []).append(node)
+    pools = [
+        Pool(product=k[0], memory_mib=k[1], nvlink_domain=k[2], nodes=tuple(v))
+        for k, v in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2]))
+    ]
+    return pools, excluded
+
+
+def _domains(nodes: Sequence[NodeFacts], spec: VerlJobSpec) -> list[list[NodeFacts]]:
+    key = spec.placement.topology_key
+    if not key or spec.placement.topology_policy != "required":
+        return [list(nodes)]
+    by: dict[str, list[NodeFacts]] = {}
+    for n in nodes:
+        if key in n.labels:
+            by.setdefault(n.labels[key], []).append(n)
+    return [by[k] for k in sorted(by, key=lambda k: (-len(by[k]), k))]
+
+
+def layouts(pool: Pool, spec: VerlJobSpec, gpus_per_node: int | None) -> list[Layout]:
+    """The layouts of ``spec.resources.gpus`` GPUs on a pool, most GPUs per node (fewest nodes) first.
+
+    A layout needs ``gpus % gpus_per_node == 0`` and ``gpus / gpus_per_node`` nodes with at least that many
+    GPUs (in one ``topologyKey`` domain when ``topologyPolicy: required``).
+
+    Args:
+        pool: The pool.
+        spec: The job.
+        gpus_per_node: The pinned GPUs per node, or None to try every divisor of the GPU count.
+    """
+    gpus = spec.resources.gpus
+    max_gpn = max((n.gpus for n in pool.nodes), default=0)
+    options = (
+        [gpus_per_node] if gpus_per_node else [g for g in range(min(gpus, max_gpn), 0, -1) if gpus % g == 0]
+    )
+    out: list[Layout] = []
+    for gpn in options:
+        if gpus % gpn:
+            continue
+        nnodes = gpus // gpn
+        fitting = [n for n in pool.nodes if n.gpus >= gpn]
+        domains = [d for d in _domains(fitting, spec) if len(d) >= nnodes]
+        if not domains:
+            continue
+        names = tuple(n.name for d in domains for n in d)
+        candidates = tuple(dict.fromkeys(names))
+        domain = min(pool.nvlink_domain, gpn)
+        chosen = [n for n in fitting if n.name in set(candidates)]
+        cliques = {n.clique for n in chosen}
+        if None not in cliques and chosen:
+            largest = max(sum(1 for n in chosen if n.clique == c) for c in cliques)
+            domain = max(domain, min(largest, nnodes) * gpn)
+        out.append(Layout(pool, gpn, nnodes, candidates, domain))
+    return out

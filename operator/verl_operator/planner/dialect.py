@@ -1,0 +1,211 @@
+"""verl's config keys per release line: which override keys the planner reads, and the override list it emits.
+
+Both spellings of a setting are accepted as input for every version (users paste scripts from several verl
+releases); the output uses the target version's spelling:
+
+- 0.6 (SPMD rollout): ``actor_rollout_ref.rollout.mode=sync``; Ulysses SP in
+  ``actor_rollout_ref.actor.ulysses_sequence_parallel_size`` (the worker reads it there).
+- 0.9 (server rollout): ``rollout.mode=async`` (``sync`` raises), ``rollout.name=vllm`` (no default), SP in
+  ``actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size`` (and the ref's ``fsdp_config``), the
+  ``_per_gpu`` micro-batch forms only (global forms are no longer converted).
+Both: ``use_remove_padding=True`` when SP > 1, log-prob dynamic batch size equal to the actor's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from verl_operator.planner.overrides import Override, Value
+
+ARR = "actor_rollout_ref"
+
+#: Override key -> logical planner input. Keys mapped to one input must agree.
+INPUT_KEYS: dict[str, str] = {
+    "data.train_batch_size": "train_batch_size",
+    "data.max_prompt_length": "max_prompt_length",
+    "data.max_response_length": "max_response_length",
+    "data.train_files": "train_files",
+    "data.val_files": "val_files",
+    f"{ARR}.model.path": "model_path",
+    "algorithm.adv_estimator": "adv_estimator",
+    "trainer.nnodes": "nnodes",
+    "trainer.n_gpus_per_node": "n_gpus_per_node",
+    f"{ARR}.rollout.n": "rollout_n",
+    f"{ARR}.rollout.name": "rollout_name",
+    f"{ARR}.rollout.mode": "rollout_mode",
+    f"{ARR}.rollout.tensor_model_parallel_size": "rollout_tp",
+    f"{ARR}.rollout.gpu_memory_utilization": "gpu_memory_utilization",
+    f"{ARR}.rollout.max_model_len": "max_model_len",
+    f"{ARR}.actor.ulysses_sequence_parallel_size": "sequence_parallel_size",
+    f"{ARR}.actor.fsdp_config.ulysses_sequence_parallel_size": "sequence_parallel_size",
+    f"{ARR}.ref.ulysses_sequence_parallel_size": "sequence_parallel_size",
+    f"{ARR}.ref.fsdp_config.ulysses_sequence_parallel_size": "sequence_parallel_size",
+    f"{ARR}.actor.fsdp_config.fsdp_size": "fsdp_size",
+    f"{ARR}.actor.ppo_mini_batch_size": "ppo_mini_batch_size",
+    f"{ARR}.actor.ppo_micro_batch_size_per_gpu": "ppo_micro_batch_size_per_gpu",
+    f"{ARR}.actor.ppo_micro_batch_size": "ppo_micro_batch_size_global",
+    f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu": "log_prob_micro_batch_size_per_gpu",
+    f"{ARR}.ref.log_prob_micro_batch_size_per_gpu": "log_prob_micro_batch_size_per_gpu",
+    f"{ARR}.rollout.log_prob_micro_batch_size": "log_prob_micro_batch_size_global",
+    f"{ARR}.ref.log_prob_micro_batch_size": "log_prob_micro_batch_size_global",
+    f"{ARR}.actor.use_dynamic_bsz": "dynamic_batch_size",
+    f"{ARR}.rollout.log_prob_use_dynamic_bsz": "dynamic_batch_size",
+    f"{ARR}.ref.log_prob_use_dynamic_bsz": "dynamic_batch_size",
+    "critic.use_dynamic_bsz": "dynamic_batch_size",
+    f"{ARR}.actor.ppo_max_token_len_per_gpu": "max_token_len_per_gpu",
+    f"{ARR}.rollout.log_prob_max_token_len_per_gpu": "log_prob_max_token_len_per_gpu",
+    f"{ARR}.ref.log_prob_max_token_len_per_gpu": "log_prob_max_token_len_per_gpu",
+    f"{ARR}.actor.fsdp_config.param_offload": "param_offload",
+    f"{ARR}.actor.fsdp_config.optimizer_offload": "optimizer_offload",
+    f"{ARR}.model.use_remove_padding": "use_remove_padding",
+    "critic.ppo_micro_batch_size_per_gpu": "critic_ppo_micro_batch_size_per_gpu",
+    "critic.ppo_micro_batch_size": "critic_ppo_micro_batch_size_global",
+}
+
+#: Keys the planner reads (memory model, strategy checks) but passes through unchanged.
+READ_KEYS: dict[str, str] = {
+    f"{ARR}.model.lora_rank": "lora_rank",
+    f"{ARR}.model.enable_gradient_checkpointing": "gradient_checkpointing",
+    f"{ARR}.actor.use_kl_loss": "use_kl_loss",
+    "algorithm.use_kl_in_reward": "use_kl_in_reward",
+    f"{ARR}.ref.fsdp_config.param_offload": "ref_param_offload",
+    f"{ARR}.actor.strategy": "actor_strategy",
+    "critic.strategy": "critic_strategy",
+    "critic.enable": "critic_enable",
+    f"{ARR}.rollout.max_num_batched_tokens": "max_num_batched_tokens",
+    f"{ARR}.rollout.max_num_seqs": "max_num_seqs",
+    f"{ARR}.rollout.expert_parallel_size": "rollout_ep",
+    f"{ARR}.rollout.pipeline_model_parallel_size": "rollout_pp",
+    f"{ARR}.rollout.data_parallel_size": "rollout_dp",
+    "critic.ppo_max_token_len_per_gpu": "critic_max_token_len_per_gpu",
+    "critic.model.fsdp_config.param_offload": "critic_param_offload",
+    "critic.model.fsdp_config.optimizer_offload": "critic_optimizer_offload",
+    "critic.ppo_mini_batch_size": "critic_ppo_mini_batch_size",
+}
+
+
+def rollout_mode_value(version: str) -> str:
+    """verl's ``rollout.mode`` for a release line: ``sync`` (SPMD, 0.6) or ``async`` (server, 0.9)."""
+    return "sync" if version == "0.6" else "async"
+
+
+def sp_keys(version: str) -> tuple[str, ...]:
+    """The keys that carry the Ulysses SP size for actor and ref in this release line."""
+    if version == "0.6":
+        return (f"{ARR}.actor.ulysses_sequence_parallel_size",)
+    return (
+        f"{ARR}.actor.fsdp_config.ulysses_sequence_parallel_size",
+        f"{ARR}.ref.fsdp_config.ulysses_sequence_parallel_size",
+    )
+
+
+def format_value(value: Value) -> str:
+    """Render a value the way Hydra parses it back (``True``, ``null``, ``[a,b]``, quoted when needed)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    text = str(value)
+    if text == "" or (any(c in text for c in " ,[]{}'\"=:") and not text.startswith("${")):
+        return "'" + text.replace("'", "\\'") + "'"
+    return text
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """The planned values that become overrides."""
+
+    version: str
+    model_path: str
+    adv_estimator: str
+    train_files: list[str] | None
+    val_files: list[str] | None
+    train_batch_size: int
+    max_prompt_length: int
+    max_response_length: int
+    nnodes: int
+    gpus_per_node: int
+    rollout_n: int
+    rollout_tp: int
+    gpu_memory_utilization: float
+    max_model_len: int | None
+    sequence_parallel_size: int
+    fsdp_size: int
+    ppo_mini_batch_size: int
+    ppo_micro_batch_size_per_gpu: int | None
+    log_prob_micro_batch_size_per_gpu: int | None
+    dynamic_batch_size: bool
+    max_token_len_per_gpu: int | None
+    log_prob_max_token_len_per_gpu: int | None
+    param_offload: bool
+    optimizer_offload: bool
+    critic: bool
+    critic_ppo_micro_batch_size_per_gpu: int | None
+
+
+def emit(planned: Emitted, passthrough: Sequence[Override]) -> list[str]:
+    """The full override list for the target version: the planner's keys once each, then the user's others.
+
+    Args:
+        planned: The planned values.
+        passthrough: User overrides the planner does not own, kept verbatim and in order.
+    """
+    v = planned.version
+    out: list[tuple[str, Any]] = [
+        ("algorithm.adv_estimator", planned.adv_estimator),
+        (f"{ARR}.model.path", planned.model_path),
+    ]
+    if planned.train_files:
+        out.append(("data.train_files", planned.train_files))
+    if planned.val_files:
+        out.append(("data.val_files", planned.val_files))
+    out += [
+        ("data.train_batch_size", planned.train_batch_size),
+        ("data.max_prompt_length", planned.max_prompt_length),
+        ("data.max_response_length", planned.max_response_length),
+        ("trainer.nnodes", planned.nnodes),
+        ("trainer.n_gpus_per_node", planned.gpus_per_node),
+        (f"{ARR}.rollout.name", "vllm"),
+        (f"{ARR}.rollout.mode", rollout_mode_value(v)),
+        (f"{ARR}.rollout.n", planned.rollout_n),
+        (f"{ARR}.rollout.tensor_model_parallel_size", planned.rollout_tp),
+        (f"{ARR}.rollout.gpu_memory_utilization", planned.gpu_memory_utilization),
+    ]
+    if planned.max_model_len is not None:
+        out.append((f"{ARR}.rollout.max_model_len", planned.max_model_len))
+    out += [(k, planned.sequence_parallel_size) for k in sp_keys(v)]
+    if planned.sequence_parallel_size > 1:
+        out.append((f"{ARR}.model.use_remove_padding", True))
+    out += [
+        (f"{ARR}.actor.fsdp_config.fsdp_size", planned.fsdp_size),
+        (f"{ARR}.actor.fsdp_config.param_offload", planned.param_offload),
+        (f"{ARR}.actor.fsdp_config.optimizer_offload", planned.optimizer_offload),
+        (f"{ARR}.actor.ppo_mini_batch_size", planned.ppo_mini_batch_size),
+        (f"{ARR}.actor.use_dynamic_bsz", planned.dynamic_batch_size),
+        (f"{ARR}.rollout.log_prob_use_dynamic_bsz", planned.dynamic_batch_size),
+        (f"{ARR}.ref.log_prob_use_dynamic_bsz", planned.dynamic_batch_size),
+    ]
+    if planned.dynamic_batch_size:
+        out += [
+            (f"{ARR}.actor.ppo_max_token_len_per_gpu", planned.max_token_len_per_gpu),
+            (f"{ARR}.rollout.log_prob_max_token_len_per_gpu", planned.log_prob_max_token_len_per_gpu),
+            (f"{ARR}.ref.log_prob_max_token_len_per_gpu", planned.log_prob_max_token_len_per_gpu),
+        ]
+    else:
+        out += [
+            (f"{ARR}.actor.ppo_micro_batch_size_per_gpu", planned.ppo_micro_batch_size_per_gpu),
+            (f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu", planned.log_prob_micro_batch_size_per_gpu),
+            (f"{ARR}.ref.log_prob_micro_batch_size_per_gpu", planned.log_prob_micro_batch_size_per_gpu),
+        ]
+        if planned.critic:
+            out.append(("critic.ppo_micro_batch_size_per_gpu", planned.critic_ppo_micro_batch_size_per_gpu))
+    if planned.critic:
+        out.append(("critic.use_dynamic_bsz", planned.dynamic_batch_size))
+    rendered = [f"{k}={format_value(val)}" for k, val in out]
+    return rendered + [ov.raw.strip() for ov in passthrough]

@@ -1,0 +1,262 @@
+"""Cluster facts from raw Kubernetes Node objects (camelCase dicts, as ``kubectl get nodes -o json`` gives).
+
+NVLink domain (see ``docs/topology.md``): the label ``verl-operator.io/nvlink-domain-size`` (GPUs per
+intra-node NVLink domain, ``"1"`` = none) wins when the launcher's topology probe has written it; otherwise the
+size is derived from ``nvidia.com/gpu.product``: SXM/HGX/NVSwitch parts -> all GPUs of the node, PCIe parts -> 1.
+``nvidia.com/gpu.clique`` names a multi-node NVLink domain (GB200 NVL72).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+GPU_RESOURCE = "nvidia.com/gpu"
+LABEL_PRODUCT = "nvidia.com/gpu.product"
+LABEL_MEMORY = "nvidia.com/gpu.memory"
+LABEL_COUNT = "nvidia.com/gpu.count"
+LABEL_REPLICAS = "nvidia.com/gpu.replicas"
+LABEL_CLIQUE = "nvidia.com/gpu.clique"
+LABEL_NVLINK_DOMAIN = "verl-operator.io/nvlink-domain-size"
+TOPOLOGY_LABELS: tuple[str, ...] = (
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+    "network.topology.kubernetes.io/block",
+    "network.topology.kubernetes.io/spine",
+    "network.topology.kubernetes.io/datacenter",
+    "cloud.google.com/gce-topology-block",
+    "cloud.google.com/gce-topology-subblock",
+)
+
+#: GPU memory in MiB by product (what the GPU reports), used when ``nvidia.com/gpu.memory`` is absent.
+#: Keys are matched against the normalised product name (upper case, ``-`` separators), longest key first.
+GPU_MEMORY_MIB: dict[str, int] = {
+    "GB200": 189471,
+    "B200": 183359,
+    "H200": 143771,
+    "H100-NVL": 95830,
+    "H100-80GB": 81559,
+    "H100-SXM": 81559,
+    "H100-PCIE": 81559,
+    "H100": 81559,
+    "H800": 81559,
+    "H20": 97871,
+    "A100-SXM4-80GB": 81920,
+    "A100-80GB": 81920,
+    "A100-SXM4-40GB": 40960,
+    "A100-PCIE-40GB": 40960,
+    "A100-PCIE-80GB": 81920,
+    "A800-SXM4-80GB": 81920,
+    "A800": 81920,
+    "L40S": 46068,
+    "L40": 46068,
+    "L4": 23034,
+    "A10G": 23028,
+    "A10": 23028,
+    "A40": 46068,
+    "V100-SXM2-32GB": 32768,
+    "V100-SXM2-16GB": 16384,
+    "T4": 15360,
+}
+
+# Product-name tokens of parts whose GPUs share one NVSwitch fabric (or a full NVLink mesh) inside a node.
+_NVSWITCH_TOKENS: frozenset[str] = frozenset(
+    {
+        "SXM",
+        "SXM2",
+        "SXM3",
+        "SXM4",
+        "SXM5",
+        "HBM3",
+        "HBM3E",
+        "HGX",
+        "GB200",
+        "B200",
+        "B100",
+        "H200",
+        "H100",
+        "H800",
+        "H20",
+    }
+)
+# Product-name tokens of PCIe-only parts (no NVLink between the GPUs of a node).
+_PCIE_TOKENS: frozenset[str] = frozenset(
+    {"PCIE", "L40S", "L40", "L4", "A10", "A10G", "T4", "A40", "A2", "A16"}
+)
+
+
+@dataclass(frozen=True)
+class Taint:
+    """A node taint."""
+
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the planner needs to know about one node.
+
+    Attributes:
+        name: metadata.name.
+        labels: all labels.
+        gpu_product: ``nvidia.com/gpu.product`` ("" when absent).
+        gpus: allocatable ``nvidia.com/gpu`` (0 when absent).
+        gpu_memory_mib: from ``nvidia.com/gpu.memory`` or the product table; None when unknown.
+        gpu_memory_source: "label", "table" or "unknown".
+        nvlink_domain_size: GPUs per intra-node NVLink domain (1 = none).
+        nvlink_source: "label" (topology probe), "product" (derived) or "default".
+        clique: ``nvidia.com/gpu.clique`` (multi-node NVLink domain) or None.
+        gpu_replicas: ``nvidia.com/gpu.replicas`` (> 1 means time-sliced GPUs).
+        schedulable: not cordoned (``spec.unschedulable`` false).
+        ready: the Ready condition is True.
+        taints: the node's taints.
+        topology: the values of the well-known topology labels present on the node.
+    """
+
+    name: str
+    labels: Mapping[str, str]
+    gpu_product: str
+    gpus: int
+    gpu_memory_mib: int | None
+    gpu_memory_source: str
+    nvlink_domain_size: int
+    nvlink_source: str
+    clique: str | None
+    gpu_replicas: int
+    schedulable: bool
+    ready: bool
+    taints: tuple[Taint, ...] = field(default_factory=tuple)
+    topology: Mapping[str, str] = field(default_factory=dict)
+
+
+def normalise_product(product: str) -> str:
+    """Upper-case a GPU product name and use ``-`` as the only separator (``NVIDIA H100 80GB`` -> ``NVIDIA-H100-80GB``)."""
+    return re.sub(r"[\s_]+", "-", product.strip()).upper()
+
+
+def _tokens(product: str) -> list[str]:
+    return [t for t in normalise_product(product).split("-") if t]
+
+
+def memory_from_product(product: str) -> int | None:
+    """GPU memory in MiB from the product table, or None for an unknown product.
+
+    Args:
+        product: The ``nvidia.com/gpu.product`` value, e.g. ``NVIDIA-H100-80GB-HBM3``.
+    """
+    norm = normalise_product(product)
+    for key in sorted(GPU_MEMORY_MIB, key=lambda k: (-len(k), k)):
+        # Match whole dash-separated tokens so that "L4" does not match "L40S".
+        if re.search(rf"(^|-){re.escape(key)}(-|$)", norm):
+            return GPU_MEMORY_MIB[key]
+    return None
+
+
+def nvlink_domain_from_product(product: str, gpus: int) -> int:
+    """GPUs per intra-node NVLink domain derived from the product name.
+
+    SXM/HGX/NVSwitch parts -> all GPUs of the node; H100 NVL -> pairs (NVLink bridges); PCIe parts and unknown
+    products -> 1 (no NVLink assumed).
+
+    Args:
+        product: The ``nvidia.com/gpu.product`` value.
+        gpus: GPUs of the node.
+    """
+    tokens = set(_tokens(product))
+    if not tokens or gpus <= 0:
+        return 1
+    if tokens & _PCIE_TOKENS or any(t.startswith("RTX") for t in tokens):
+        return 1
+    if "NVL" in tokens:  # H100 NVL: NVLink bridges join pairs of PCIe cards
+        return min(2, gpus)
+    if tokens & _NVSWITCH_TOKENS:
+        return gpus
+    return 1
+
+
+def _int_label(labels: Mapping[str, str], key: str) -> int | None:
+    raw = labels.get(key)
+    if raw is None:
+        return None
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        return None
+
+
+def _quantity_int(raw: Any) -> int:
+    """Parse an integer Kubernetes quantity (``"8"``); extended resources are whole numbers."""
+    if raw is None:
+        return 0
+    text = str(raw).strip()
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return int(float(text))
+    except ValueError:
+        return 0
+
+
+def node_facts(node: Mapping[str, Any]) -> NodeFacts:
+    """Read the planner's facts from one Kubernetes Node object.
+
+    Args:
+        node: A Node as a camelCase dict (``metadata``, ``spec``, ``status``).
+
+    Returns:
+        The node's facts. Missing parts read as empty: no GPUs, no labels, not ready.
+    """
+    metadata: Mapping[str, Any] = node.get("metadata") or {}
+    spec: Mapping[str, Any] = node.get("spec") or {}
+    status: Mapping[str, Any] = node.get("status") or {}
+    labels = {str(k): str(v) for k, v in (metadata.get("labels") or {}).items()}
+    allocatable: Mapping[str, Any] = status.get("allocatable") or status.get("capacity") or {}
+    gpus = _quantity_int(allocatable.get(GPU_RESOURCE))
+    product = labels.get(LABEL_PRODUCT, "")
+    replicas = _int_label(labels, LABEL_REPLICAS) or 1
+
+    memory = _int_label(labels, LABEL_MEMORY)
+    memory_source = "label"
+    if memory is None or memory <= 0:
+        memory = memory_from_product(product) if product else None
+        memory_source = "table" if memory is not None else "unknown"
+
+    physical = gpus // replicas if replicas > 1 else gpus
+    probed = _int_label(labels, LABEL_NVLINK_DOMAIN)
+    if probed is not None and probed >= 1:
+        nvlink, nvlink_source = probed, "label"
+    elif product:
+        nvlink, nvlink_source = nvlink_domain_from_product(product, physical), "product"
+    else:
+        nvlink, nvlink_source = 1, "default"
+
+    ready = any(
+        c.get("type") == "Ready" and str(c.get("status")) == "True" for c in (status.get("conditions") or [])
+    )
+    taints = tuple(
+        Taint(key=str(t.get("key", "")), value=str(t.get("value", "") or ""), effect=str(t.get("effect", "")))
+        for t in (spec.get("taints") or [])
+    )
+    clique = labels.get(LABEL_CLIQUE) or None
+    return NodeFacts(
+        name=str(metadata.get("name", "")),
+        labels=labels,
+        gpu_product=product,
+        gpus=gpus,
+        gpu_memory_mib=memory,
+        gpu_memory_source=memory_source,
+        nvlink_domain_size=nvlink,
+        nvlink_source=nvlink_source,
+        clique=clique,
+        gpu_replicas=replicas,
+        schedulable=not bool(spec.get("unschedulable", False)),
+        ready=ready,
+        taints=taints,
+        topology={k: labels[k] for k in TOPOLOGY_LABELS if k in labels},
+    )

@@ -1,0 +1,211 @@
+"""The planner's resolved inputs: pinned values from the structured spec and the overrides, merged."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from verl_operator.api.spec import ModelShape, VerlJobSpec
+from verl_operator.planner.overrides import Pinned, Value
+from verl_operator.planner.result import Violation
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One complete candidate layout (what the search decides and the rules check)."""
+
+    world: int
+    nnodes: int
+    gpus_per_node: int
+    train_batch_size: int
+    rollout_n: int
+    rollout_tp: int
+    gpu_memory_utilization: float
+    sequence_parallel_size: int
+    fsdp_size: int
+    ppo_mini_batch_size: int
+    ppo_micro_batch_size_per_gpu: int | None
+    log_prob_micro_batch_size_per_gpu: int | None
+    dynamic_batch_size: bool
+    max_token_len_per_gpu: int | None
+    log_prob_max_token_len_per_gpu: int | None
+    param_offload: bool
+    optimizer_offload: bool
+    critic_ppo_micro_batch_size_per_gpu: int | None = None
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Training data-parallel size: world / SP (integer division; rules check divisibility)."""
+        return max(1, self.world // self.sequence_parallel_size)
+
+    @property
+    def trajectories(self) -> int:
+        """``train_batch_size x rollout.n``: sequences per step."""
+        return self.train_batch_size * self.rollout_n
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Facts that stay fixed while the search varies ``Settings``."""
+
+    version: str
+    shape: ModelShape
+    params: float
+    needs_critic: bool
+    uses_ref: bool
+    lora: bool
+    gradient_checkpointing: bool
+    max_prompt_length: int
+    max_response_length: int
+    max_model_len: int | None
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    ref_param_offload: bool
+    critic_offload: bool
+    nvlink_required: bool
+    use_remove_padding: bool | None
+    critic_max_token_len_per_gpu: int | None
+    gpu_memory_bytes: int
+    nvlink_domain: int
+    pins: Mapping[str, Pinned] = field(default_factory=dict)
+
+    @property
+    def seq_len(self) -> int:
+        """``max_prompt_length + max_response_length``: the longest sequence."""
+        return self.max_prompt_length + self.max_response_length
+
+    def source(self, name: str, default: str) -> str:
+        """The field a violation about input ``name`` names: where the user pinned it, else ``default``."""
+        pin = self.pins.get(name)
+        return pin.source if pin is not None else default
+
+    def pinned(self, name: str) -> bool:
+        """The user fixed input ``name``."""
+        return name in self.pins
+
+
+def _explicit(model: BaseModel, attr: str) -> bool:
+    return attr in model.model_fields_set
+
+
+#: logical input -> (wire path, getter returning the value when the user set it, else None)
+_SPEC_FIELDS: dict[str, tuple[str, Callable[[VerlJobSpec], Any]]] = {
+    "train_batch_size": ("spec.data.trainBatchSize", lambda s: s.data.train_batch_size),
+    "max_prompt_length": (
+        "spec.data.maxPromptLength",
+        lambda s: s.data.max_prompt_length if _explicit(s.data, "max_prompt_length") else None,
+    ),
+    "max_response_length": (
+        "spec.data.maxResponseLength",
+        lambda s: s.data.max_response_length if _explicit(s.data, "max_response_length") else None,
+    ),
+    "train_files": ("spec.data.trainFiles", lambda s: list(s.data.train_files) or None),
+    "val_files": ("spec.data.valFiles", lambda s: list(s.data.val_files) or None),
+    "model_path": ("spec.model.path", lambda s: s.model.path),
+    "adv_estimator": (
+        "spec.algorithm",
+        lambda s: (
+            ("gae" if s.algorithm.value == "ppo" else s.algorithm.value)
+            if _explicit(s, "algorithm")
+            else None
+        ),
+    ),
+    "n_gpus_per_node": ("spec.resources.gpusPerNode", lambda s: s.resources.gpus_per_node),
+    "rollout_n": ("spec.rollout.n", lambda s: s.rollout.n),
+    "rollout_tp": ("spec.rollout.tensorParallelSize", lambda s: s.rollout.tensor_parallel_size),
+    "gpu_memory_utilization": (
+        "spec.rollout.gpuMemoryUtilization",
+        lambda s: s.rollout.gpu_memory_utilization,
+    ),
+    "sequence_parallel_size": (
+        "spec.parallelism.sequenceParallelSize",
+        lambda s: s.parallelism.sequence_parallel_size,
+    ),
+    "fsdp_size": ("spec.parallelism.fsdpSize", lambda s: s.parallelism.fsdp_size),
+    "ppo_mini_batch_size": ("spec.batching.ppoMiniBatchSize", lambda s: s.batching.ppo_mini_batch_size),
+    "ppo_micro_batch_size_per_gpu": (
+        "spec.batching.ppoMicroBatchSizePerGpu",
+        lambda s: s.batching.ppo_micro_batch_size_per_gpu,
+    ),
+    "log_prob_micro_batch_size_per_gpu": (
+        "spec.batching.logProbMicroBatchSizePerGpu",
+        lambda s: s.batching.log_prob_micro_batch_size_per_gpu,
+    ),
+    "dynamic_batch_size": ("spec.batching.dynamicBatchSize", lambda s: s.batching.dynamic_batch_size),
+    "max_token_len_per_gpu": ("spec.batching.maxTokenLenPerGpu", lambda s: s.batching.max_token_len_per_gpu),
+    "param_offload": ("spec.offload.params", lambda s: s.offload.params),
+    "optimizer_offload": ("spec.offload.optimizer", lambda s: s.offload.optimizer),
+}
+
+#: The structured field that corresponds to an input (for messages even when only an override set it).
+SPEC_PATHS: dict[str, str] = {name: path for name, (path, _) in _SPEC_FIELDS.items()}
+
+
+def merge_pins(
+    spec: VerlJobSpec, from_overrides: Mapping[str, Pinned]
+) -> tuple[dict[str, Pinned], list[Violation]]:
+    """Merge the structured fields and the overrides into one set of pinned inputs.
+
+    A value set in both places must be equal; otherwise the result is a violation naming both.
+
+    Returns:
+        ``(pins, violations)``.
+    """
+    pins: dict[str, Pinned] = dict(from_overrides)
+    violations: list[Violation] = []
+    for name, (path, getter) in _SPEC_FIELDS.items():
+        value = getter(spec)
+        if value is None:
+            continue
+        other = from_overrides.get(name)
+        if other is not None and not _same(other.value, value):
+            violations.append(
+                Violation(
+                    field=path,
+                    rule="override-conflict",
+                    message=f"{path} = {value!r} but {other.source} = {other.value!r}",
+                    suggestions=[f"drop {other.source}, or set {path} to {other.value!r}"],
+                )
+            )
+            continue
+        pins[name] = Pinned(value, path)
+    return pins, violations
+
+
+def _same(a: Value, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return bool(a) == bool(b) and type(a) is type(b)
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return float(a) == float(b)
+    if isinstance(a, list) and isinstance(b, list):
+        return [str(x) for x in a] == [str(x) for x in b]
+    if isinstance(a, str) and isinstance(b, list) and len(b) == 1:
+        return a == str(b[0])
+    return str(a) == str(b)
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """The pinned values with their types checked (None: the planner decides)."""
+
+    train_batch_size: int | None = None
+    rollout_n: int | None = None
+    rollout_tp: int | None = None
+    gpu_memory_utilization: float | None = None
+    sequence_parallel_size: int | None = None
+    fsdp_size: int | None = None
+    ppo_mini_batch_size: int | None = None
+    ppo_micro_batch_size_per_gpu: int | None = None
+    ppo_micro_batch_size_global: int | None = None
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_micro_batch_size_global: int | None = None
+    dynamic_batch_size: bool | None = None
+    max_token_len_per_gpu: int | None = None
+    log_prob_max_token_len_per_gpu: int | None = None
+    param_offload: bool | None = None
+    optimizer_offload: bool | None = None
+    critic_ppo_micro_batch_size_per_gpu: int | None = None
+    critic_ppo_micro_batch_size_global: int | None = None

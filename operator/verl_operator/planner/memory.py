@@ -1,0 +1,208 @@
+"""Per-GPU memory estimate of a verl FSDP + vLLM (hybrid engine) job, phase by phase.
+
+The formulas follow the project's memory model (ZeRO state accounting, activation and logits sizes, vLLM's
+budget). Estimated parts are multiplied by ``SAFETY_FACTOR`` (the model came out 5-10% low against measured
+runs); vLLM's budget ``gpu_memory_utilization x GPU memory`` is exact and is not.
+
+Notation: P parameters, F FSDP shard group size, L layers, h hidden, V vocabulary, T tokens per GPU per
+micro-batch (after Ulysses SP), M GPU memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verl_operator.api.spec import ModelShape
+from verl_operator.planner.catalog import effective_intermediate, kv_bytes_per_token
+
+GIB = 1024**3
+#: Estimated parts are scaled by this (calibration came out 5-10% low).
+SAFETY_FACTOR = 1.1
+#: CUDA context, NCCL communicators and allocator fragmentation per process (memory model: "M - 2..4 GB").
+CUDA_RESERVE_BYTES = int(2.0 * GIB)
+#: vLLM memory that stays on the GPU while it sleeps during training (CUDA graphs, its context).
+VLLM_RESIDUAL_BYTES = int(1.0 * GIB)
+#: vLLM CUDA graph capture memory inside its budget (enforce_eager=False).
+VLLM_CUDA_GRAPH_BYTES = int(0.5 * GIB)
+#: Bytes per logit element: forward + backward in training, forward + entropy for log-prob passes.
+LOGITS_TRAIN_BYTES = 12
+LOGITS_FORWARD_BYTES = 7
+
+
+@dataclass(frozen=True)
+class MemoryInputs:
+    """Everything the estimate depends on."""
+
+    shape: ModelShape
+    params: float
+    gpu_memory_bytes: int
+    world: int
+    fsdp_shard: int
+    sequence_parallel_size: int
+    rollout_tp: int
+    gpu_memory_utilization: float
+    seq_len: int
+    train_tokens_per_gpu: int
+    log_prob_tokens_per_gpu: int
+    param_offload: bool
+    optimizer_offload: bool
+    ref_resident: bool
+    ref_bytes_per_param: int
+    critic: bool
+    critic_offload: bool
+    lora: bool
+    gradient_checkpointing: bool
+    max_num_batched_tokens: int
+    max_num_seqs: int
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase: exact parts (vLLM budget) and estimated parts, in bytes."""
+
+    exact: dict[str, float]
+    estimated: dict[str, float]
+
+    @property
+    def raw_bytes(self) -> float:
+        """Sum of all parts without the safety factor."""
+        return sum(self.exact.values()) + sum(self.estimated.values())
+
+    @property
+    def peak_bytes(self) -> float:
+        """Exact parts plus ``SAFETY_FACTOR`` x estimated parts."""
+        return sum(self.exact.values()) + SAFETY_FACTOR * sum(self.estimated.values())
+
+    def parts_gib(self) -> dict[str, float]:
+        """All parts in GiB, rounded to 0.01."""
+        merged = {**self.exact, **self.estimated}
+        return {k: round(v / GIB, 2) for k, v in merged.items() if v > 0}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The three phase estimates and the rollout KV-cache capacity."""
+
+    rollout: Phase
+    train: Phase
+    log_prob: Phase
+    kv_cache_bytes: float
+    kv_cache_tokens: int
+
+    def fits(self, gpu_memory_bytes: int) -> bool:
+        """Every phase's peak is within the GPU's memory."""
+        return (
+            max(self.rollout.peak_bytes, self.train.peak_bytes, self.log_prob.peak_bytes) <= gpu_memory_bytes
+        )
+
+
+def activation_bytes_per_token_layer(shape: ModelShape) -> int:
+    """``A = 8h + 4q + 4k + 8 I_eff`` bytes per token per layer (SwiGLU, GQA, FlashAttention)."""
+    h = shape.hidden_size
+    q = shape.attention_heads * shape.effective_head_dim
+    k = shape.kv_heads * shape.effective_head_dim
+    return 8 * h + 4 * q + 4 * k + 8 * effective_intermediate(shape)
+
+
+def resident_state(m: MemoryInputs) -> dict[str, float]:
+    """Training state that stays on the GPU outside the update (weights, optimizer, ref, critic)."""
+    p_shard = m.params / m.fsdp_shard
+    parts: dict[str, float] = {}
+    if m.lora:
+        parts["actorWeights"] = 0.0 if m.param_offload else 2 * p_shard  # frozen bf16 base
+    else:
+        parts["actorWeights"] = 0.0 if m.param_offload else 4 * p_shard  # fp32 master weights
+        parts["optimizer"] = 0.0 if m.optimizer_offload else 8 * p_shard  # Adam m and v
+    if m.ref_resident and not m.lora:
+        parts["ref"] = m.ref_bytes_per_param * p_shard
+    if m.critic and not m.critic_offload:
+        parts["critic"] = 12 * p_shard
+    return parts
+
+
+def estimate(m: MemoryInputs) -> Estimate:
+    """Per-GPU peaks of the rollout, log-prob and training phases.
+
+    Algorithm:
+        rollout = resident state + gmu x M (+ CUDA reserve);
+        train = full actor state (16P/F; LoRA 2P/F) + ref + critic + two gathered bf16 layers
+        (4P/L) + activations (checkpointed: ``2hLT + 2AT``; else ``LAT``) + logits (``T V 12``) + vLLM residual;
+        log-prob = resident state + gathered layers + one layer's activations + logits (``T V 7``).
+        Example: Qwen2.5-7B (P 7.6e9), 8 GPUs, gmu 0.6 on 80 GB: rollout = 12 x 7.6e9 / 8 + 0.6 x 80e9 = 59.4 GB.
+
+    Args:
+        m: The inputs.
+    """
+    shape = m.shape
+    p_shard = m.params / m.fsdp_shard
+    resident = resident_state(m)
+    budget = m.gpu_memory_utilization * m.gpu_memory_bytes
+    rollout = Phase(
+        exact={"vllmBudget": budget},
+        estimated={**resident, "cudaReserve": CUDA_RESERVE_BYTES},
+    )
+
+    a = activation_bytes_per_token_layer(shape)
+    h, layers, vocab = shape.hidden_size, shape.layers, shape.vocab_size
+    t_train = m.train_tokens_per_gpu
+    # Checkpointing keeps each layer's input (2hT per layer) plus one layer's recomputed activations.
+    acts = 2 * h * layers * t_train + 2 * a * t_train if m.gradient_checkpointing else layers * a * t_train
+    train_state = dict(resident)
+    if m.lora:
+        train_state["actorWeights"] = 2 * p_shard
+    else:
+        train_state["actorWeights"] = 4 * p_shard
+        train_state["gradients"] = 4 * p_shard
+        train_state["optimizer"] = 8 * p_shard
+    train = Phase(
+        exact={},
+        estimated={
+            **train_state,
+            "layerBuffer": 2 * 2 * m.params / layers,
+            "activations": float(acts),
+            "logits": float(t_train * vocab * LOGITS_TRAIN_BYTES),
+            "vllmResidual": VLLM_RESIDUAL_BYTES,
+            "cudaReserve": CUDA_RESERVE_BYTES,
+        },
+    )
+
+    t_lp = m.log_prob_tokens_per_gpu
+    log_prob_state = dict(resident)
+    if m.param_offload:
+        log_prob_state["actorWeights"] = (2 if m.lora else 4) * p_shard  # loaded back for the forward pass
+    log_prob = Phase(
+        exact={},
+        estimated={
+            **log_prob_state,
+            "layerBuffer": 2 * 2 * m.params / layers,
+            "activations": float(2 * h * t_lp + 2 * a * t_lp),
+            "logits": float(t_lp * vocab * LOGITS_FORWARD_BYTES),
+            "vllmResidual": VLLM_RESIDUAL_BYTES,
+            "cudaReserve": CUDA_RESERVE_BYTES,
+        },
+    )
+
+    weights_rollout = 2 * m.params / m.rollout_tp
+    vllm_acts = m.max_num_batched_tokens * a / m.rollout_tp + m.max_num_seqs * vocab * 4
+    kv = budget - weights_rollout - vllm_acts - VLLM_CUDA_GRAPH_BYTES
+    per_token = kv_bytes_per_token(shape, m.rollout_tp)
+    kv_tokens = int(kv // per_token) if kv > 0 else 0
+    return Estimate(
+        rollout=rollout, train=train, log_prob=log_prob, kv_cache_bytes=kv, kv_cache_tokens=kv_tokens
+    )
+
+
+def max_gpu_memory_utilization(m: MemoryInputs, cap: float = 0.9, step: float = 0.05) -> float:
+    """The largest ``gpu_memory_utilization`` (a multiple of ``step``, at most ``cap``) whose rollout peak fits.
+
+    vLLM's budget is a fraction of the GPU's total memory, so the resident training state and the CUDA reserve
+    (with the safety factor) must fit beside it.
+
+    Returns:
+        The fraction, or 0.0 when not even ``step`` fits.
+    """
+    resident = sum(resident_state(m).values()) + CUDA_RESERVE_BYTES
+    free = m.gpu_memory_bytes - SAFETY_FACTOR * resident
+    raw = free / m.gpu_memory_bytes
+    steps = int((min(raw, cap) + 1e-9) / step)
+    return round(steps * step, 2) if steps > 0 else 0.0

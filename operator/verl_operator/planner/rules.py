@@ -1,0 +1,451 @@
+"""The rules a verl FSDP + vLLM launch must satisfy (``docs/planner.md`` lists them with verl's code references).
+
+Each rule is a function ``(problem, settings) -> list[Violation]``; an empty list means it holds. Messages show
+every factor of the arithmetic and, where they exist, the nearest valid values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+from verl_operator.planner.inputs import SPEC_PATHS, Problem, Settings
+from verl_operator.planner.result import Violation
+
+Rule = Callable[[Problem, Settings], list[Violation]]
+
+
+def nearest(value: int, ok: Callable[[int], bool], limit: int = 100_000) -> list[int]:
+    """The nearest integers below and above ``value`` (>= 1) that satisfy ``ok``, below first.
+
+    Args:
+        value: The rejected value.
+        ok: The predicate a valid value satisfies.
+        limit: How far to look each way.
+    """
+    found: list[int] = []
+    for v in range(value - 1, max(0, value - limit), -1):
+        if ok(v):
+            found.append(v)
+            break
+    for v in range(value + 1, value + limit):
+        if ok(v):
+            found.append(v)
+            break
+    return found
+
+
+def divisors(n: int) -> list[int]:
+    """All positive divisors of ``n``, ascending."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _or(values: Iterable[int]) -> str:
+    return " or ".join(str(v) for v in values)
+
+
+def _field(p: Problem, name: str) -> str:
+    return p.source(name, SPEC_PATHS.get(name, name))
+
+
+def padded_trajectories(s: Settings, critic: bool) -> int:
+    """Trajectories per step after verl >= 0.7 pads to a multiple of ``lcm(DP, mini x n[, critic mini x n])``."""
+    unit = math.lcm(s.data_parallel_size, s.ppo_mini_batch_size * s.rollout_n)
+    if critic:
+        unit = math.lcm(unit, s.ppo_mini_batch_size * s.rollout_n)
+    return -(-s.trajectories // unit) * unit
+
+
+def batch_divisible_by_world(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 1: without dynamic batch size, ``train_batch_size x n`` must divide evenly over the GPUs."""
+    if s.dynamic_batch_size:
+        if p.version == "0.6" and s.trajectories % s.data_parallel_size:
+            dp = s.data_parallel_size
+            return [
+                Violation(
+                    field=_field(p, "train_batch_size"),
+                    rule="batch-divisible-by-dp",
+                    message=(
+                        f"{s.train_batch_size} x {s.rollout_n} = {s.trajectories} trajectories per step is not "
+                        f"divisible by data-parallel size {dp} (verl 0.6 splits the batch evenly)"
+                    ),
+                    suggestions=[
+                        f"use trainBatchSize {_or(nearest(s.train_batch_size, lambda t: t * s.rollout_n % dp == 0))}"
+                    ],
+                )
+            ]
+        return []
+    if s.trajectories % s.world == 0:
+        return []
+    near = nearest(s.train_batch_size, lambda t: (t * s.rollout_n) % s.world == 0)
+    return [
+        Violation(
+            field=_field(p, "train_batch_size"),
+            rule="batch-divisible-by-world",
+            message=(
+                f"{s.train_batch_size} x {s.rollout_n} = {s.trajectories} trajectories per step is not divisible "
+                f"by {s.world} GPUs"
+            ),
+            suggestions=[f"use trainBatchSize {_or(near)}"] if near else [],
+        )
+    ]
+
+
+def mini_batch_le_train_batch(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 3: ``train_batch_size >= ppo_mini_batch_size``."""
+    if s.train_batch_size >= s.ppo_mini_batch_size:
+        return []
+    return [
+        Violation(
+            field=_field(p, "ppo_mini_batch_size"),
+            rule="mini-batch-le-train-batch",
+            message=f"ppoMiniBatchSize {s.ppo_mini_batch_size} is larger than trainBatchSize {s.train_batch_size}",
+            suggestions=[f"use ppoMiniBatchSize {s.train_batch_size} or less"],
+        )
+    ]
+
+
+def sp_divides_world(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 11 (verl never checks): the world size must be a multiple of the Ulysses SP size."""
+    if s.world % s.sequence_parallel_size == 0:
+        return []
+    return [
+        Violation(
+            field=_field(p, "sequence_parallel_size"),
+            rule="sp-divides-world",
+            message=(
+                f"{s.world} GPUs are not divisible by sequenceParallelSize {s.sequence_parallel_size}: ranks fall "
+                f"outside the ({s.world // s.sequence_parallel_size}, {s.sequence_parallel_size}) mesh"
+            ),
+            suggestions=[
+                f"use sequenceParallelSize {_or(nearest(s.sequence_parallel_size, lambda v: s.world % v == 0))}"
+            ],
+        )
+    ]
+
+
+def sp_heads(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 10: attention heads divisible by SP; KV heads divisible by SP or SP divisible by KV heads."""
+    sp = s.sequence_parallel_size
+    heads, kv = p.shape.attention_heads, p.shape.kv_heads
+    if sp == 1 or (heads % sp == 0 and (kv % sp == 0 or sp % kv == 0)):
+        return []
+
+    def ok(v: int) -> bool:
+        return heads % v == 0 and (kv % v == 0 or v % kv == 0) and s.world % v == 0
+
+    return [
+        Violation(
+            field=_field(p, "sequence_parallel_size"),
+            rule="sp-heads",
+            message=(
+                f"sequenceParallelSize {sp} does not fit the model's {heads} attention heads and {kv} KV heads "
+                f"(needs heads % SP == 0 and KV heads % SP == 0 or SP % KV heads == 0)"
+            ),
+            suggestions=[f"use sequenceParallelSize {_or(nearest(sp, ok, 1024))}"],
+        )
+    ]
+
+
+def fsdp_size_valid(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 12 (verl never checks): ``fsdp_size`` is -1, at least the world size, or divides it."""
+    f = s.fsdp_size
+    if f == -1 or f >= s.world or (f > 0 and s.world % f == 0):
+        return []
+    return [
+        Violation(
+            field=_field(p, "fsdp_size"),
+            rule="fsdp-size",
+            message=f"fsdpSize {f} is neither -1 nor a divisor of the {s.world} GPUs",
+            suggestions=[f"use fsdpSize -1 or {_or(nearest(max(f, 1), lambda v: s.world % v == 0))}"],
+        )
+    ]
+
+
+def rollout_tp_divides_world(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 16: the world size is a multiple of the rollout TP size."""
+    if s.world % s.rollout_tp == 0:
+        return []
+    return [
+        Violation(
+            field=_field(p, "rollout_tp"),
+            rule="rollout-tp-divides-world",
+            message=f"{s.world} GPUs are not divisible by rollout tensorParallelSize {s.rollout_tp}",
+            suggestions=[f"use tensorParallelSize {_or(nearest(s.rollout_tp, lambda v: s.world % v == 0))}"],
+        )
+    ]
+
+
+def rollout_tp_heads(p: Problem, s: Settings) -> list[Violation]:
+    """vLLM: attention heads divisible by the rollout TP size."""
+    heads = p.shape.attention_heads
+    if heads % s.rollout_tp == 0:
+        return []
+    return [
+        Violation(
+            field=_field(p, "rollout_tp"),
+            rule="rollout-tp-heads",
+            message=f"the model's {heads} attention heads are not divisible by tensorParallelSize {s.rollout_tp}",
+            suggestions=[
+                f"use tensorParallelSize {_or(nearest(s.rollout_tp, lambda v: heads % v == 0 and s.world % v == 0))}"
+            ],
+        )
+    ]
+
+
+def rollout_replica_node(p: Problem, s: Settings) -> list[Violation]:
+    """Rules 17-18: a replica larger than a node spans whole nodes; a smaller one must not straddle two."""
+    tp, gpn = s.rollout_tp, s.gpus_per_node
+    if (tp > gpn and tp % gpn == 0) or (tp <= gpn and gpn % tp == 0):
+        return []
+    kind = "a multiple of" if tp > gpn else "a divisor of"
+    return [
+        Violation(
+            field=_field(p, "rollout_tp"),
+            rule="rollout-replica-node",
+            message=(
+                f"rollout tensorParallelSize {tp} is not {kind} the {gpn} GPUs per node: a vLLM replica would "
+                f"straddle nodes"
+            ),
+            suggestions=[
+                f"use tensorParallelSize {_or(nearest(tp, lambda v: (v > gpn and v % gpn == 0) or (v <= gpn and gpn % v == 0)))}"
+            ],
+        )
+    ]
+
+
+def nvlink_groups(p: Problem, s: Settings) -> list[Violation]:
+    """With ``placement.nvlink: required``, rollout TP and SP groups sit inside one NVLink domain."""
+    if not p.nvlink_required:
+        return []
+    out: list[Violation] = []
+    dom = p.nvlink_domain
+    for name, size, label in (
+        ("rollout_tp", s.rollout_tp, "rollout tensorParallelSize"),
+        ("sequence_parallel_size", s.sequence_parallel_size, "sequenceParallelSize"),
+    ):
+        if size <= dom and dom % size == 0:
+            continue
+        out.append(
+            Violation(
+                field=_field(p, name),
+                rule="nvlink-domain",
+                message=(
+                    f"{label} {size} does not fit the NVLink domain of {dom} GPUs (placement.nvlink: required "
+                    f"needs groups inside one domain)"
+                ),
+                suggestions=[
+                    f"use {label} {_or(d for d in divisors(dom) if d <= size)[-1:] or '1'}",
+                    "or set spec.placement.nvlink: preferred",
+                ],
+            )
+        )
+    return out
+
+
+def max_model_len(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 20: the rollout's max model length fits the model's ``max_position_embeddings``."""
+    length = p.max_model_len if p.max_model_len is not None else p.seq_len
+    limit = p.shape.max_position_embeddings
+    if length <= limit:
+        return []
+    name = "max_model_len" if p.max_model_len is not None else "max_response_length"
+    return [
+        Violation(
+            field=_field(p, name),
+            rule="max-model-len",
+            message=(
+                f"prompt {p.max_prompt_length} + response {p.max_response_length} = {p.seq_len} tokens"
+                if p.max_model_len is None
+                else f"max_model_len {p.max_model_len}"
+            )
+            + f" exceeds the model's max_position_embeddings {limit}",
+            suggestions=[f"keep maxPromptLength + maxResponseLength <= {limit}"],
+        )
+    ]
+
+
+def mini_batch_per_gpu(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 21: ``ppo_mini_batch_size x n`` divides over the data-parallel ranks, at least one per rank."""
+    dp = s.data_parallel_size
+    total = s.ppo_mini_batch_size * s.rollout_n
+    if total % dp == 0 and total >= dp:
+        return []
+    near = nearest(s.ppo_mini_batch_size, lambda m: (m * s.rollout_n) % dp == 0 and m <= s.train_batch_size)
+    return [
+        Violation(
+            field=_field(p, "ppo_mini_batch_size"),
+            rule="mini-batch-per-gpu",
+            message=(
+                f"ppoMiniBatchSize {s.ppo_mini_batch_size} x {s.rollout_n} = {total} sequences do not divide over "
+                f"{dp} data-parallel ranks ({s.world} GPUs / SP {s.sequence_parallel_size})"
+            ),
+            suggestions=[f"use ppoMiniBatchSize {_or(near)}"] if near else [],
+        )
+    ]
+
+
+def micro_divides_mini(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 22: without dynamic batch size, the per-GPU mini-batch is a multiple of the micro-batch."""
+    if s.dynamic_batch_size:
+        return []
+    micro = s.ppo_micro_batch_size_per_gpu
+    if micro is None:
+        return [
+            Violation(
+                field="spec.batching.ppoMicroBatchSizePerGpu",
+                rule="micro-batch-required",
+                message="ppoMicroBatchSizePerGpu must be set when dynamicBatchSize is off",
+                suggestions=["set ppoMicroBatchSizePerGpu, or dynamicBatchSize: true"],
+            )
+        ]
+    per_gpu = s.ppo_mini_batch_size * s.rollout_n // s.data_parallel_size
+    if per_gpu > 0 and per_gpu % micro == 0:
+        return []
+    return [
+        Violation(
+            field=_field(p, "ppo_micro_batch_size_per_gpu"),
+            rule="micro-divides-mini",
+            message=(
+                f"per-GPU mini-batch {s.ppo_mini_batch_size} x {s.rollout_n} / {s.data_parallel_size} = {per_gpu} "
+                f"is not a multiple of ppoMicroBatchSizePerGpu {micro}"
+            ),
+            suggestions=[
+                f"use ppoMicroBatchSizePerGpu {_or(d for d in divisors(max(per_gpu, 1)) if d in nearest(micro, lambda v: per_gpu % v == 0))}"
+            ],
+        )
+    ]
+
+
+def log_prob_micro_divides(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 22 (verl >= 0.7): the per-GPU log-prob batch is a multiple of the log-prob micro-batch."""
+    if s.dynamic_batch_size or p.version == "0.6":
+        return []
+    micro = s.log_prob_micro_batch_size_per_gpu
+    if micro is None:
+        return [
+            Violation(
+                field="spec.batching.logProbMicroBatchSizePerGpu",
+                rule="micro-batch-required",
+                message="logProbMicroBatchSizePerGpu must be set when dynamicBatchSize is off",
+                suggestions=["set logProbMicroBatchSizePerGpu, or dynamicBatchSize: true"],
+            )
+        ]
+    per_gpu = padded_trajectories(s, p.needs_critic) // s.data_parallel_size
+    if per_gpu % micro == 0:
+        return []
+    return [
+        Violation(
+            field=_field(p, "log_prob_micro_batch_size_per_gpu"),
+            rule="log-prob-micro-divides",
+            message=(
+                f"per-GPU log-prob batch {per_gpu} (trajectories / {s.data_parallel_size} data-parallel ranks) is "
+                f"not a multiple of logProbMicroBatchSizePerGpu {micro}"
+            ),
+            suggestions=[
+                f"use logProbMicroBatchSizePerGpu {_or(nearest(micro, lambda v: per_gpu % v == 0))}"
+            ],
+        )
+    ]
+
+
+def critic_micro_divides_mini(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 22 for the critic (ppo)."""
+    micro = s.critic_ppo_micro_batch_size_per_gpu
+    if not p.needs_critic or s.dynamic_batch_size or micro is None:
+        return []
+    per_gpu = s.ppo_mini_batch_size * s.rollout_n // s.data_parallel_size
+    if per_gpu > 0 and per_gpu % micro == 0:
+        return []
+    return [
+        Violation(
+            field=_field(p, "critic_ppo_micro_batch_size_per_gpu"),
+            rule="micro-divides-mini",
+            message=f"critic per-GPU mini-batch {per_gpu} is not a multiple of critic micro-batch {micro}",
+            suggestions=[
+                f"use critic.ppo_micro_batch_size_per_gpu {_or(nearest(micro, lambda v: per_gpu % v == 0))}"
+            ],
+        )
+    ]
+
+
+def dynamic_token_budget(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 24: with dynamic batch size, ``max_token_len_per_gpu x SP >= prompt + response``."""
+    if not s.dynamic_batch_size:
+        return []
+    out: list[Violation] = []
+    need = p.seq_len
+    sp = s.sequence_parallel_size
+    budgets = [("max_token_len_per_gpu", s.max_token_len_per_gpu)]
+    budgets.append(("log_prob_max_token_len_per_gpu", s.log_prob_max_token_len_per_gpu))
+    if p.needs_critic and p.critic_max_token_len_per_gpu is not None:
+        budgets.append(("critic_max_token_len_per_gpu", p.critic_max_token_len_per_gpu))
+    for name, budget in budgets:
+        if budget is None:
+            out.append(
+                Violation(
+                    field=_field(p, name),
+                    rule="dynamic-token-budget",
+                    message="dynamicBatchSize needs a token budget per GPU",
+                    suggestions=[f"set maxTokenLenPerGpu >= {-(-2 * need // sp)}"],
+                )
+            )
+        elif budget * sp < need:
+            out.append(
+                Violation(
+                    field=_field(p, name),
+                    rule="dynamic-token-budget",
+                    message=(
+                        f"token budget {budget} x SP {sp} = {budget * sp} is below one sequence of "
+                        f"{p.max_prompt_length} + {p.max_response_length} = {need} tokens"
+                    ),
+                    suggestions=[
+                        f"use {name} >= {-(-need // sp)} (verl's docs advise >= {-(-2 * need // sp)})"
+                    ],
+                )
+            )
+    return out
+
+
+def sp_remove_padding(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 9: Ulysses SP > 1 needs ``model.use_remove_padding=True``."""
+    if s.sequence_parallel_size == 1 or p.use_remove_padding is not False:
+        return []
+    return [
+        Violation(
+            field=_field(p, "use_remove_padding"),
+            rule="sp-remove-padding",
+            message=f"sequenceParallelSize {s.sequence_parallel_size} needs use_remove_padding=True",
+            suggestions=["drop the use_remove_padding=False override", "or use sequenceParallelSize 1"],
+        )
+    ]
+
+
+#: Every arithmetic rule, in the order they are checked (memory is checked by the search with the estimate).
+RULES: tuple[Rule, ...] = (
+    batch_divisible_by_world,
+    mini_batch_le_train_batch,
+    sp_divides_world,
+    sp_heads,
+    fsdp_size_valid,
+    rollout_tp_divides_world,
+    rollout_tp_heads,
+    rollout_replica_node,
+    nvlink_groups,
+    max_model_len,
+    mini_batch_per_gpu,
+    micro_divides_mini,
+    log_prob_micro_divides,
+    critic_micro_divides_mini,
+    dynamic_token_budget,
+    sp_remove_padding,
+)
+
+
+def check(p: Problem, s: Settings, rules: Iterable[Rule] = RULES) -> list[Violation]:
+    """All violations of ``rules`` for one candidate."""
+    out: list[Violation] = []
+    for rule in rules:
+        out.extend(rule(p, s))
+    return out

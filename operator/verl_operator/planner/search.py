@@ -1,0 +1,415 @@
+"""The deterministic search over the settings the user left open.
+
+Tie-break order (the first candidate that satisfies every rule and fits in memory wins):
+
+1. smallest Ulysses SP (1 first; SP costs all-to-all traffic), a divisor of the GPUs per node;
+2. FSDP shard group: on several nodes, one node (``fsdpSize = gpusPerNode``, HSDP: no inter-node all-gather)
+   before the whole world (``-1``); on one node, ``-1``;
+3. PPO mini-batch: the value closest to ``trainBatchSize / 4`` (four updates per step), larger on ties, that
+   divides ``trainBatchSize`` (no padding) and gives an integer per-GPU mini-batch;
+4. largest training micro-batch (or token budget with dynamic batch size) that fits;
+5. largest log-prob micro-batch that fits;
+6. smallest rollout TP that fits (divides the heads and the GPUs per node, or spans whole nodes);
+7. largest ``gpuMemoryUtilization`` (multiple of 0.05, at most 0.9) that fits beside the resident state.
+
+Pinned values are never changed: a pinned value that breaks a rule is reported, not replaced.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from verl_operator.planner import rules
+from verl_operator.planner.cluster import Layout
+from verl_operator.planner.inputs import Fixed, Problem, Settings
+from verl_operator.planner.memory import GIB, Estimate, MemoryInputs, estimate, max_gpu_memory_utilization
+from verl_operator.planner.result import Violation
+
+#: Records the violations of a failed candidate and how far it got.
+Recorder = Callable[[list[Violation], int], None]
+
+#: verl's default train_batch_size; an unpinned batch is the valid value nearest to it.
+DEFAULT_TRAIN_BATCH = 1024
+#: Token budgets tried with dynamic batch size (largest first), in multiples of 1024 tokens.
+TOKEN_BUDGET_STEPS = tuple(range(64 * 1024, 0, -1024))
+
+
+@dataclass(frozen=True)
+class Found:
+    """A valid layout and its memory estimate."""
+
+    settings: Settings
+    estimate: Estimate
+
+
+@dataclass(frozen=True)
+class Failed:
+    """No candidate fit: the violations of the most preferred candidate that got furthest."""
+
+    violations: list[Violation]
+    depth: int
+
+
+#: Rules that depend only on the mesh and the batch sizes (checked before any memory estimate).
+MESH_RULES: tuple[rules.Rule, ...] = (
+    rules.batch_divisible_by_world,
+    rules.mini_batch_le_train_batch,
+    rules.sp_divides_world,
+    rules.sp_heads,
+    rules.fsdp_size_valid,
+    rules.max_model_len,
+    rules.sp_remove_padding,
+)
+
+
+def default_train_batch(world: int, n: int) -> int:
+    """The multiple of ``world / gcd(world, n)`` nearest to 1024 (``train_batch_size x n`` divides the world)."""
+    unit = world // math.gcd(world, n)
+    k = max(1, round(DEFAULT_TRAIN_BATCH / unit))
+    return k * unit
+
+
+def sp_candidates(p: Problem, layout: Layout, fixed: Fixed) -> list[int]:
+    """Ulysses SP sizes to try, preferred first."""
+    if fixed.sequence_parallel_size is not None:
+        return [fixed.sequence_parallel_size]
+    heads, kv = p.shape.attention_heads, p.shape.kv_heads
+    out = []
+    for d in rules.divisors(layout.gpus_per_node):
+        if heads % d or not (kv % d == 0 or d % kv == 0):
+            continue
+        if p.nvlink_required and (d > layout.nvlink_domain or layout.nvlink_domain % d):
+            continue
+        out.append(d)
+    return out or [1]
+
+
+def fsdp_candidates(layout: Layout, fixed: Fixed) -> list[int]:
+    """FSDP shard group sizes to try, preferred first."""
+    if fixed.fsdp_size is not None:
+        return [fixed.fsdp_size]
+    return [layout.gpus_per_node, -1] if layout.nnodes > 1 else [-1]
+
+
+def tp_candidates(p: Problem, layout: Layout, fixed: Fixed) -> list[int]:
+    """Rollout TP sizes to try, smallest first."""
+    if fixed.rollout_tp is not None:
+        return [fixed.rollout_tp]
+    gpn, world, heads = layout.gpus_per_node, layout.world, p.shape.attention_heads
+    sizes = [d for d in rules.divisors(gpn)] + [gpn * k for k in range(2, layout.nnodes + 1)]
+    out = []
+    for tp in sizes:
+        if world % tp or heads % tp:
+            continue
+        if p.nvlink_required and (tp > layout.nvlink_domain or layout.nvlink_domain % tp):
+            continue
+        out.append(tp)
+    return out
+
+
+def mini_candidates(tb: int, n: int, dp: int, fixed: Fixed) -> list[int]:
+    """PPO mini-batch sizes to try, preferred first (closest to ``tb / 4``, dividing ``tb``)."""
+    if fixed.ppo_mini_batch_size is not None:
+        return [fixed.ppo_mini_batch_size]
+    target = max(1, tb // 4)
+    valid = [m for m in rules.divisors(tb) if (m * n) % dp == 0 and m * n >= dp]
+    valid.sort(key=lambda m: (abs(m - target), -m))
+    return valid[:1] or [target]
+
+
+def _global_to_per_gpu(global_size: int | None, dp: int) -> int | None:
+    if global_size is None:
+        return None
+    return global_size // dp if global_size % dp == 0 and global_size >= dp else 0
+
+
+def _memory_inputs(p: Problem, s: Settings, world: int) -> MemoryInputs:
+    shard = world if s.fsdp_size == -1 or s.fsdp_size >= world else s.fsdp_size
+    sp = s.sequence_parallel_size
+    if s.dynamic_batch_size:
+        t_train = s.max_token_len_per_gpu or p.seq_len
+        t_lp = s.log_prob_max_token_len_per_gpu or t_train
+    else:
+        t_train = -(-(s.ppo_micro_batch_size_per_gpu or 1) * p.seq_len // sp)
+        t_lp = -(-(s.log_prob_micro_batch_size_per_gpu or 1) * p.seq_len // sp)
+    return MemoryInputs(
+        shape=p.shape,
+        params=p.params,
+        gpu_memory_bytes=p.gpu_memory_bytes,
+        world=world,
+        fsdp_shard=shard,
+        sequence_parallel_size=sp,
+        rollout_tp=s.rollout_tp,
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        seq_len=p.max_model_len or p.seq_len,
+        train_tokens_per_gpu=t_train,
+        log_prob_tokens_per_gpu=t_lp,
+        param_offload=s.param_offload,
+        optimizer_offload=s.optimizer_offload,
+        ref_resident=p.uses_ref and not p.ref_param_offload,
+        ref_bytes_per_param=2 if p.version == "0.6" else 4,
+        critic=p.needs_critic,
+        critic_offload=p.critic_offload,
+        lora=p.lora,
+        gradient_checkpointing=p.gradient_checkpointing,
+        max_num_batched_tokens=p.max_num_batched_tokens,
+        max_num_seqs=p.max_num_seqs,
+    )
+
+
+def memory_violations(p: Problem, s: Settings, est: Estimate) -> list[Violation]:
+    """Phases predicted not to fit, with the parts and what would make them fit."""
+    m = p.gpu_memory_bytes
+    out: list[Violation] = []
+    gib = m / GIB
+    phases = (
+        (
+            "rollout",
+            est.rollout,
+            "rollout_tp" if p.pinned("gpu_memory_utilization") else "gpu_memory_utilization",
+        ),
+        (
+            "train",
+            est.train,
+            "ppo_micro_batch_size_per_gpu" if not s.dynamic_batch_size else "max_token_len_per_gpu",
+        ),
+        (
+            "log-prob",
+            est.log_prob,
+            "log_prob_micro_batch_size_per_gpu"
+            if not s.dynamic_batch_size
+            else "log_prob_max_token_len_per_gpu",
+        ),
+    )
+    for label, phase, name in phases:
+        if phase.peak_bytes <= m:
+            continue
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(phase.parts_gib().items(), key=lambda kv: -kv[1]))
+        hints = []
+        if not s.optimizer_offload:
+            hints.append("set spec.offload.optimizer: true")
+        if not s.param_offload:
+            hints.append("set spec.offload.params: true")
+        if label == "train" or label == "log-prob":
+            hints.append("use a smaller micro-batch or token budget, or a larger sequenceParallelSize")
+        if label == "rollout":
+            hints.append("lower gpuMemoryUtilization")
+        hints.append("use more GPUs (the state is sharded over them)")
+        out.append(
+            Violation(
+                field=p.source(name, "spec.resources.gpus"),
+                rule=f"memory-{label}",
+                message=(
+                    f"{label} peak {phase.peak_bytes / GIB:.1f} GiB (parts in GiB: {parts}; estimated parts x1.1) "
+                    f"exceeds the GPU's {gib:.1f} GiB"
+                ),
+                suggestions=hints,
+            )
+        )
+    if est.kv_cache_tokens < (p.max_model_len or p.seq_len):
+        need = p.max_model_len or p.seq_len
+        out.append(
+            Violation(
+                field=p.source("rollout_tp", "spec.rollout.tensorParallelSize"),
+                rule="kv-cache-max-model-len",
+                message=(
+                    f"vLLM's KV cache holds {est.kv_cache_tokens} tokens per replica at TP {s.rollout_tp} and "
+                    f"gpuMemoryUtilization {s.gpu_memory_utilization}, fewer than one {need}-token sequence"
+                ),
+                suggestions=[
+                    "use a larger rollout tensorParallelSize",
+                    "raise gpuMemoryUtilization",
+                    "offload",
+                ],
+            )
+        )
+    return out
+
+
+def _micro_options(per_gpu: int, pinned: int | None) -> list[int]:
+    if pinned is not None:
+        return [pinned]
+    return sorted(rules.divisors(max(per_gpu, 1)), reverse=True)
+
+
+def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found | Failed:
+    """Find the preferred valid settings for one layout (see the module docstring for the order).
+
+    Args:
+        p: The fixed facts of the job on this layout's pool.
+        layout: GPUs per node and node count.
+        fixed: The pinned values.
+        algorithm_n: ``rollout.n`` when unpinned.
+    """
+    world = layout.world
+    n = fixed.rollout_n if fixed.rollout_n is not None else algorithm_n
+    tb = fixed.train_batch_size if fixed.train_batch_size is not None else default_train_batch(world, n)
+    dynamic = bool(fixed.dynamic_batch_size)
+    best = Failed([], -1)
+
+    def note(vs: list[Violation], depth: int) -> None:
+        nonlocal best
+        if depth > best.depth:
+            best = Failed(vs, depth)
+
+    for sp in sp_candidates(p, layout, fixed):
+        for fsdp in fsdp_candidates(layout, fixed):
+            dp = max(1, world // sp)
+            base = Settings(
+                world=world,
+                nnodes=layout.nnodes,
+                gpus_per_node=layout.gpus_per_node,
+                train_batch_size=tb,
+                rollout_n=n,
+                rollout_tp=fixed.rollout_tp or 1,
+                gpu_memory_utilization=fixed.gpu_memory_utilization or 0.5,
+                sequence_parallel_size=sp,
+                fsdp_size=fsdp,
+                ppo_mini_batch_size=0,
+                ppo_micro_batch_size_per_gpu=None,
+                log_prob_micro_batch_size_per_gpu=None,
+                dynamic_batch_size=dynamic,
+                max_token_len_per_gpu=fixed.max_token_len_per_gpu,
+                log_prob_max_token_len_per_gpu=fixed.log_prob_max_token_len_per_gpu,
+                param_offload=bool(fixed.param_offload),
+                optimizer_offload=bool(fixed.optimizer_offload),
+            )
+            for mini in mini_candidates(tb, n, dp, fixed):
+                s = replace(base, ppo_mini_batch_size=mini)
+                mesh = rules.check(p, s, MESH_RULES)
+                if fixed.ppo_mini_batch_size is not None or not mesh:
+                    # An unpinned mini-batch only fails because of another input; report that one.
+                    mesh += rules.mini_batch_per_gpu(p, s)
+                if mesh:
+                    note(mesh, 0)
+                    continue
+                found = _search_rest(p, layout, fixed, s, note)
+                if found is not None:
+                    return found
+    return best
+
+
+def _train_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
+    dp = s.data_parallel_size
+    if s.dynamic_batch_size:
+        if fixed.max_token_len_per_gpu is not None:
+            yield s
+            return
+        floor = -(-p.seq_len // s.sequence_parallel_size)
+        for budget in TOKEN_BUDGET_STEPS:
+            if budget >= floor:
+                yield replace(s, max_token_len_per_gpu=budget)
+        return
+    per_gpu = s.ppo_mini_batch_size * s.rollout_n // dp
+    pinned = fixed.ppo_micro_batch_size_per_gpu
+    if pinned is None and fixed.ppo_micro_batch_size_global is not None:
+        pinned = (
+            _global_to_per_gpu(fixed.ppo_micro_batch_size_global, dp) or fixed.ppo_micro_batch_size_global
+        )
+    for micro in _micro_options(per_gpu, pinned):
+        critic = fixed.critic_ppo_micro_batch_size_per_gpu
+        if critic is None and fixed.critic_ppo_micro_batch_size_global is not None:
+            critic = _global_to_per_gpu(fixed.critic_ppo_micro_batch_size_global, dp) or None
+        yield replace(
+            s,
+            ppo_micro_batch_size_per_gpu=micro,
+            critic_ppo_micro_batch_size_per_gpu=(critic or micro) if p.needs_critic else None,
+        )
+
+
+def _log_prob_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
+    dp = s.data_parallel_size
+    if s.dynamic_batch_size:
+        yield replace(
+            s, log_prob_max_token_len_per_gpu=fixed.log_prob_max_token_len_per_gpu or s.max_token_len_per_gpu
+        )
+        return
+    per_gpu = rules.padded_trajectories(s, p.needs_critic) // dp
+    pinned = fixed.log_prob_micro_batch_size_per_gpu
+    if pinned is None and fixed.log_prob_micro_batch_size_global is not None:
+        pinned = (
+            _global_to_per_gpu(fixed.log_prob_micro_batch_size_global, dp)
+            or fixed.log_prob_micro_batch_size_global
+        )
+    for micro in _micro_options(per_gpu, pinned):
+        yield replace(s, log_prob_micro_batch_size_per_gpu=micro)
+
+
+def _search_rest(p: Problem, layout: Layout, fixed: Fixed, s0: Settings, record: Recorder) -> Found | None:
+    train_rules = (rules.micro_divides_mini, rules.critic_micro_divides_mini, rules.dynamic_token_budget)
+    for s1 in _train_options(p, s0, fixed):
+        vs = rules.check(p, s1, train_rules)
+        if vs:
+            record(vs, 1)
+            continue
+        est = estimate(_memory_inputs(p, s1, layout.world))
+        if est.train.peak_bytes > p.gpu_memory_bytes:
+            record(memory_violations(p, s1, est)[:1], 2)
+            continue
+        for s2 in _log_prob_options(p, s1, fixed):
+            vs = rules.check(p, s2, (rules.log_prob_micro_divides, rules.dynamic_token_budget))
+            if vs:
+                record(vs, 3)
+                continue
+            est = estimate(_memory_inputs(p, s2, layout.world))
+            if est.log_prob.peak_bytes > p.gpu_memory_bytes:
+                record([v for v in memory_violations(p, s2, est) if v.rule == "memory-log-prob"], 4)
+                continue
+            found = _search_rollout(p, layout, fixed, s2, record)
+            if found is not None:
+                return found
+            return None
+        return None
+    return None
+
+
+def _search_rollout(p: Problem, layout: Layout, fixed: Fixed, s2: Settings, record: Recorder) -> Found | None:
+    for tp in tp_candidates(p, layout, fixed):
+        s3 = replace(s2, rollout_tp=tp)
+        vs = rules.check(
+            p,
+            s3,
+            (
+                rules.rollout_tp_divides_world,
+                rules.rollout_tp_heads,
+                rules.rollout_replica_node,
+                rules.nvlink_groups,
+            ),
+        )
+        if vs:
+            record(vs, 5)
+            continue
+        gmu = fixed.gpu_memory_utilization
+        if gmu is None:
+            gmu = max_gpu_memory_utilization(_memory_inputs(p, s3, layout.world))
+            if gmu <= 0:
+                gmu = 0.05
+        s4 = replace(s3, gpu_memory_utilization=gmu)
+        est = estimate(_memory_inputs(p, s4, layout.world))
+        vs = memory_violations(p, s4, est)
+        if vs:
+            record(vs, 6)
+            continue
+        final = rules.check(p, s4)
+        if final:
+            record(final, 7)
+            continue
+        return Found(s4, est)
+    if not tp_candidates(p, layout, fixed):
+        record(
+            [
+                Violation(
+                    field="spec.rollout.tensorParallelSize",
+                    rule="rollout-tp-heads",
+                    message=(
+                        f"no rollout TP size divides both the model's {p.shape.attention_heads} attention heads "
+                        f"and {layout.world} GPUs within {layout.gpus_per_node} GPUs per node"
+                    ),
+                    suggestions=["use a GPU count whose divisors include a divisor of the head count"],
+                )
+            ],
+            5,
+        )
+    return None
