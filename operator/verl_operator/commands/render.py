@@ -1,0 +1,136 @@
+"""``verl-operator render -f JOB.yaml --nodes NODES.yaml``: print the objects the operator would create."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register the ``render`` subcommand."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "render",
+        help="print the objects the operator would create for a VerlJob",
+        description="Plan and place a VerlJob against NODES (GPUs in use: none) and print its children as YAML.",
+    )
+    p.add_argument("-f", "--filename", required=True, help="VerlJob YAML")
+    p.add_argument("--nodes", required=True, help="Nodes YAML (a v1 List or multi-document Nodes)")
+    p.add_argument("--attempt", type=int, default=0, help="Ray cluster incarnation to render (default 0)")
+    p.set_defaults(func=run)
+
+
+def load_nodes(path: Path) -> list[dict[str, Any]]:
+    """Nodes from a v1 List (``kubectl get nodes -o yaml``), multi-document YAML of Nodes, or a devcluster
+    profile (``examples/clusters/*.yaml``, whose nodes are taken as Ready)."""
+    nodes: list[dict[str, Any]] = []
+    for doc in yaml.safe_load_all(path.read_text()):
+        if not doc:
+            continue
+        if "nodeGroups" in doc:
+            from verl_operator.devcluster.profiles import node_manifests, parse_profile
+
+            for node in node_manifests(parse_profile(doc, str(path))):
+                status = dict(node.get("status") or {})
+                status.setdefault("conditions", [{"type": "Ready", "status": "True"}])
+                nodes.append({**node, "status": status})
+        elif doc.get("kind", "").endswith("List") or "items" in doc:
+            nodes.extend(item for item in doc.get("items") or [] if item.get("kind", "Node") == "Node")
+        elif doc.get("kind") == "Node":
+            nodes.append(doc)
+    return nodes
+
+
+def render(
+    job: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], attempt: int = 0
+) -> list[dict[str, Any]]:
+    """The children of ``job`` on an idle cluster of ``nodes``.
+
+    Raises:
+        RenderError: The spec is invalid, infeasible, or cannot be placed.
+    """
+    from pydantic import ValidationError
+
+    from verl_operator.api.spec import VerlJob
+    from verl_operator.controller.snapshot import node_capacity
+    from verl_operator.manifests import LaunchPlan, build_children
+    from verl_operator.placement import PlacementRequest, place
+    from verl_operator.planner import plan_job
+    from verl_operator.planner.facts import node_facts
+
+    try:
+        parsed = VerlJob.model_validate(job)
+    except ValidationError as exc:
+        raise RenderError(
+            [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        ) from exc
+    spec = parsed.spec
+    meta = {
+        "namespace": "default",
+        "uid": "00000000-0000-0000-0000-000000000000",
+        **dict(job.get("metadata") or {}),
+    }
+    if "name" not in meta:
+        raise RenderError(["metadata.name: required"])
+    result = plan_job(spec, list(nodes))
+    if not result.feasible or result.plan is None:
+        raise RenderError(
+            [f"{v.field}: {v.message} {'; '.join(v.suggestions)}".strip() for v in result.violations]
+        )
+    plan = result.to_json_dict()["plan"]
+    names: tuple[str, ...] = ()
+    product, memory = None, None
+    if spec.scheduling.queue_name is None and spec.scheduling.scheduler == "builtin":
+        request = PlacementRequest(
+            nnodes=int(plan["nnodes"]),
+            gpus_per_node=int(plan["gpusPerNode"]),
+            candidates=tuple(plan.get("candidateNodes") or ()),
+            gpu_product=spec.resources.gpu_product,
+            node_selector=dict(spec.resources.node_selector),
+            nvlink_required=spec.placement.nvlink == "required",
+            nvlink_group_size=int(plan.get("nvlinkGroupSize") or 1),
+            topology_key=spec.placement.topology_key,
+            topology_policy=spec.placement.topology_policy,
+        )
+        chosen = place(request, [node_capacity(n) for n in nodes], {})
+        if not chosen.feasible:
+            raise RenderError([chosen.message])
+        names = chosen.nodes
+        facts = node_facts(next(n for n in nodes if n["metadata"]["name"] == names[0]))
+        product, memory = facts.gpu_product or None, facts.gpu_memory_mib
+    launch = LaunchPlan.from_plan_json(plan, spec, nodes=names, gpu_product=product, gpu_memory_mib=memory)
+    return build_children({**dict(job), "metadata": meta}, spec, launch, attempt)
+
+
+class RenderError(Exception):
+    """The job cannot be rendered; ``problems`` says why, one line each."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the children as multi-document YAML; exit 1 when the job cannot be placed, 2 on bad input."""
+    try:
+        job = yaml.safe_load(Path(args.filename).read_text())
+        nodes = load_nodes(Path(args.nodes))
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not isinstance(job, dict):
+        print(f"error: {args.filename} is not a VerlJob object", file=sys.stderr)
+        return 2
+    try:
+        children = render(job, nodes, args.attempt)
+    except RenderError as exc:
+        print("VerlJob cannot be rendered:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"- {problem}", file=sys.stderr)
+        return 1
+    sys.stdout.write(yaml.safe_dump_all(children, sort_keys=False))
+    return 0

@@ -1,0 +1,109 @@
+"""``verl-operator run``: start the operator (kopf) with its webhook server, health probe and metrics."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+DEFAULT_LISTEN = "127.0.0.1"
+IN_CLUSTER_LISTEN = "0.0.0.0"  # in a pod the kubelet probes and the API server call the pod IP
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register the ``run`` subcommand."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "run", help="run the operator", description="Run the VerlJob operator against a cluster."
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then $KUBECONFIG)")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="watch this namespace (repeatable; globs allowed)",
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (default)")
+    p.add_argument(
+        "--listen-address",
+        default=None,
+        help=f"address of the health, metrics and webhook servers (default {DEFAULT_LISTEN}; "
+        f"{IN_CLUSTER_LISTEN} inside a pod)",
+    )
+    p.add_argument("--health-port", type=int, default=0, help="serve GET /healthz on this port (0: off)")
+    p.add_argument(
+        "--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port (0: off)"
+    )
+    p.add_argument(
+        "--webhook-port", type=int, default=0, help="serve the validating webhook on this port (0: off)"
+    )
+    p.add_argument("--webhook-cert", help="serving certificate (PEM); default: a generated self-signed one")
+    p.add_argument("--webhook-key", help="private key of --webhook-cert")
+    p.add_argument(
+        "--webhook-managed",
+        metavar="NAME",
+        help="create and keep the ValidatingWebhookConfiguration NAME pointing at this process (local mode)",
+    )
+    p.add_argument(
+        "--webhook-host",
+        help="host the API server uses to reach the webhook (managed mode; default: listen address)",
+    )
+    p.add_argument(
+        "--resync-seconds", type=float, default=2.0, help="reconcile every job at least this often"
+    )
+    p.add_argument("--workdir", default=None, help="directory for generated files (default: a temp dir)")
+    p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Configure and run kopf until interrupted."""
+    import tempfile
+
+    import kopf
+
+    from verl_operator.controller import config
+
+    in_cluster = "KUBERNETES_SERVICE_HOST" in os.environ and not args.kubeconfig
+    listen = args.listen_address or (IN_CLUSTER_LISTEN if in_cluster else DEFAULT_LISTEN)
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = str(Path(args.kubeconfig).resolve())
+    if bool(args.webhook_cert) != bool(args.webhook_key):
+        raise SystemExit("--webhook-cert and --webhook-key go together")
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="verl-operator-"))
+    config.CONFIG[0] = config.RunConfig(
+        kubeconfig=args.kubeconfig,
+        webhook_port=args.webhook_port,
+        webhook_listen=listen,
+        webhook_host=args.webhook_host or (listen if listen != IN_CLUSTER_LISTEN else None),
+        webhook_cert=args.webhook_cert,
+        webhook_key=args.webhook_key,
+        webhook_managed=args.webhook_managed,
+        metrics_port=args.metrics_port,
+        metrics_listen=listen,
+        resync_seconds=args.resync_seconds,
+        workdir=workdir,
+    )
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.verbose:
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=listen)
+    import verl_operator.controller.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.run(
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=f"http://{listen}:{args.health_port}/healthz" if args.health_port else None,
+    )
+    return 0

@@ -1,0 +1,46 @@
+"""Settings of one ``verl-operator run`` process (set by the command before kopf starts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Operator settings.
+
+    Attributes:
+        kubeconfig: Path of a kubeconfig; None for in-cluster or ``$KUBECONFIG``.
+        webhook_port: Port of the validating webhook server; 0 disables admission.
+        webhook_listen: Address the webhook server binds to.
+        webhook_host: Host name or IP the API server uses to reach the webhook (managed mode).
+        webhook_cert: Serving certificate (PEM); None generates a self-signed one into ``workdir``.
+        webhook_key: Its private key.
+        webhook_managed: Name of the ValidatingWebhookConfiguration kopf keeps up to date (local mode);
+            None when something else (the Helm chart) manages it.
+        metrics_port: Port of the Prometheus endpoint; 0 disables it.
+        metrics_listen: Address the metrics endpoint binds to.
+        resync_seconds: Every job is reconciled at least this often (waiting for capacity, TTLs, deadlines).
+        workdir: Directory for generated files (the self-signed certificate).
+    """
+
+    kubeconfig: str | None = None
+    webhook_port: int = 0
+    webhook_listen: str = "127.0.0.1"
+    webhook_host: str | None = None
+    webhook_cert: str | None = None
+    webhook_key: str | None = None
+    webhook_managed: str | None = None
+    metrics_port: int = 0
+    metrics_listen: str = "127.0.0.1"
+    resync_seconds: float = 2.0
+    workdir: Path = Path(".verl-operator")
+
+
+CONFIG: list[RunConfig] = [RunConfig()]
+
+
+def current() -> RunConfig:
+    """The settings of this process."""
+    return CONFIG[0]

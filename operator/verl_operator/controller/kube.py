@@ -1,0 +1,140 @@
+"""A thin, synchronous shell over the Kubernetes API for the reconciler (run in a worker thread)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import uuid
+from collections.abc import Mapping
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from verl_operator.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from verl_operator.manifests.names import LABEL_JOB
+
+COMPONENT = "verl-operator"
+
+
+def now_iso() -> str:
+    """The current UTC time as an RFC 3339 string (seconds)."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Kube:
+    """The API calls the reconciler makes; every create is idempotent (409 means it exists)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The VerlJob, or None when it is gone."""
+        try:
+            job = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            return cast(dict[str, Any], job)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch ``status`` (a None value removes the key)."""
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}
+        )
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        """Delete the VerlJob (children follow by owner references, in the background)."""
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background"
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """Every pod labelled with the job (fresh from the API server, not a cache)."""
+        result = self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}")
+        plain = self.api.sanitize_for_serialization(result)  # type: ignore[no-untyped-call]
+        pods: list[dict[str, Any]] = plain.get("items", [])
+        return pods
+
+    def create(self, manifest: Mapping[str, Any]) -> bool:
+        """Create one child; True when created, False when it already existed."""
+        ns = manifest["metadata"]["namespace"]
+        kind = manifest["kind"]
+        body: Any = dict(manifest)
+        try:
+            if kind == "Pod":
+                self.core.create_namespaced_pod(ns, body)
+            elif kind == "ConfigMap":
+                self.core.create_namespaced_config_map(ns, body)
+            elif kind == "Service":
+                self.core.create_namespaced_service(ns, body)
+            elif kind == "PodGroup":
+                group, version = manifest["apiVersion"].split("/")
+                self.custom.create_namespaced_custom_object(group, version, ns, "podgroups", body)
+            else:
+                raise ValueError(f"unsupported child kind {kind}")
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The ConfigMap's data, or None when it does not exist."""
+        try:
+            cm = self.core.read_namespaced_config_map(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(cm.data or {})
+
+    def patch_configmap_data(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        """Replace the ConfigMap's data keys."""
+        self.core.patch_namespaced_config_map(name, namespace, {"data": dict(data)})
+
+    def ungate(self, namespace: str, name: str) -> None:
+        """Remove the pod's scheduling gates (the scheduler may bind it now)."""
+        self.core.patch_namespaced_pod(name, namespace, {"spec": {"schedulingGates": None}})
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod (gone already is fine)."""
+        try:
+            self.core.delete_namespaced_pod(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def event(self, job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """Record a core/v1 Event on the VerlJob (what ``kubectl describe vj`` shows)."""
+        meta = job["metadata"]
+        stamp = now_iso()
+        body: Any = {
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": COMPONENT,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        with contextlib.suppress(ApiException):  # an event is best effort: never fail a reconcile for it
+            self.core.create_namespaced_event(meta["namespace"], body)

@@ -1,0 +1,31 @@
+"""Prometheus metrics of the operator (served by ``verl-operator run --metrics-port``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from verl_operator.crdgen import PHASES
+
+JOBS = Gauge("verl_operator_jobs", "VerlJobs by phase.", ["phase"])
+PLANNING_SECONDS = Histogram(
+    "verl_operator_planning_seconds",
+    "Time to plan one VerlJob (planner only).",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+RECONCILE_ERRORS = Counter("verl_operator_reconcile_errors_total", "Reconcile passes that raised an error.")
+RECONCILES = Counter("verl_operator_reconciles_total", "Reconcile passes run.")
+ADMISSION_DENIALS = Counter(
+    "verl_operator_admission_denials_total", "VerlJobs denied by the validating webhook."
+)
+
+
+def set_job_phases(phases: Iterable[str | None]) -> None:
+    """Set the jobs-by-phase gauge from the phases of every known job (no phase yet counts as Pending)."""
+    counts = dict.fromkeys(PHASES, 0)
+    for phase in phases:
+        key = phase if phase in counts else "Pending"
+        counts[key] += 1
+    for phase, count in counts.items():
+        JOBS.labels(phase=phase).set(count)

@@ -1,0 +1,83 @@
+"""Build the placement snapshot (node capacities, GPUs in use) from the operator's in-memory indices."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from verl_operator.manifests.names import ANNOTATION_NODE, LABEL_JOB
+from verl_operator.placement import NodeCapacity
+from verl_operator.planner.facts import node_facts
+
+TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def node_capacity(node: Mapping[str, Any]) -> NodeCapacity:
+    """A :class:`NodeCapacity` from a Node object (through the planner's facts)."""
+    facts = node_facts(node)
+    return NodeCapacity(
+        name=facts.name,
+        labels=dict(facts.labels),
+        gpus=facts.gpus,
+        gpu_product=facts.gpu_product or None,
+        nvlink_domain_size=facts.nvlink_domain_size,
+        clique=facts.clique,
+        schedulable=facts.schedulable and facts.ready,
+    )
+
+
+def pod_gpu_request(pod: Mapping[str, Any]) -> int:
+    """``nvidia.com/gpu`` requested by a pod (sum over containers; limits when requests are absent)."""
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        value = (res.get("requests") or {}).get("nvidia.com/gpu") or (res.get("limits") or {}).get(
+            "nvidia.com/gpu"
+        )
+        if value:
+            total += int(str(value))
+    return total
+
+
+def pod_usage_entry(pod: Mapping[str, Any]) -> tuple[str, str, int, str | None] | None:
+    """``(node, pod uid, gpus, job label)`` for a live pod holding GPUs on a node, else None.
+
+    A pod counts on its bound node (``spec.nodeName``) or, while still gated, on the node the operator pinned
+    it to (annotation ``verl-operator.io/node``).
+    """
+    status = pod.get("status") or {}
+    if status.get("phase") in TERMINAL_POD_PHASES:
+        return None
+    gpus = pod_gpu_request(pod)
+    meta = pod.get("metadata") or {}
+    node = (pod.get("spec") or {}).get("nodeName") or (meta.get("annotations") or {}).get(ANNOTATION_NODE)
+    if not gpus or not node:
+        return None
+    return str(node), str(meta.get("uid", "")), gpus, (meta.get("labels") or {}).get(LABEL_JOB)
+
+
+def gpus_in_use(
+    pod_entries: Iterable[tuple[str, str, int, str | None]],
+    reservations: Iterable[tuple[str, tuple[str, ...], int]],
+    exclude_job_uid: str | None = None,
+) -> dict[str, int]:
+    """GPUs taken per node: pods that are not VerlJob pods plus the placements of active VerlJobs.
+
+    Args:
+        pod_entries: ``(node, pod uid, gpus, job label)`` of live GPU pods.
+        reservations: ``(job uid, nodes, gpus per node)`` of VerlJobs placed and not finished.
+        exclude_job_uid: The job being placed (its own old reservation does not count).
+
+    Returns:
+        Node name -> GPUs in use.
+    """
+    used: dict[str, int] = {}
+    for node, _, gpus, job in pod_entries:
+        if job is None:
+            used[node] = used.get(node, 0) + gpus
+    for uid, nodes, per_node in reservations:
+        if uid == exclude_job_uid:
+            continue
+        for node in nodes:
+            used[node] = used.get(node, 0) + per_node
+    return used

@@ -1,0 +1,91 @@
+"""Admission: the checks of the validating webhook, and a self-signed serving certificate for local mode."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from pydantic import ValidationError
+
+from verl_operator.api.spec import VerlJobSpec
+from verl_operator.planner import plan_job
+
+
+def admission_problems(
+    spec: Mapping[str, Any] | None, old_spec: Mapping[str, Any] | None, nodes: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """Why a VerlJob must be denied (empty: admit).
+
+    The spec is parsed by the API models (a field error names its path) and planned against the current
+    nodes. An update that leaves the spec unchanged, or only suspends the job, is admitted without planning.
+
+    Args:
+        spec: The new ``spec``.
+        old_spec: The old ``spec`` on UPDATE, else None.
+        nodes: The cluster's Node objects.
+
+    Returns:
+        One line per problem: ``field: message (suggestions)``.
+    """
+    if old_spec is not None and dict(old_spec) == dict(spec or {}):
+        return []
+    try:
+        parsed = VerlJobSpec.model_validate(dict(spec or {}))
+    except ValidationError as exc:
+        return [f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+    if parsed.suspend and old_spec is not None:
+        return []
+    result = plan_job(parsed, list(nodes))
+    if result.feasible:
+        return []
+    return [
+        f"{v.field}: {v.message}" + (f" (suggestions: {'; '.join(v.suggestions)})" if v.suggestions else "")
+        for v in result.violations
+    ]
+
+
+def write_self_signed(
+    directory: Path, hosts: Sequence[str] = ("127.0.0.1", "localhost")
+) -> tuple[Path, Path]:
+    """Write a self-signed serving certificate (its own CA) and key for ``hosts``; returns (cert, key) paths.
+
+    kopf hands the certificate to the API server as the CA bundle of the webhook configuration it manages.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "verl-operator-webhook")])
+    sans: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            sans.append(x509.DNSName(host))
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "tls.crt", directory / "tls.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    key_path.chmod(0o600)
+    return cert_path, key_path
