@@ -400,3 +400,47 @@ def test_webhook_disabled_renders_no_admission_objects(helm: str) -> None:
     ctr = container(objects)
     assert not [a for a in ctr["args"] if a.startswith(("--webhook", "--metrics"))]
     assert [p["name"] for p in ctr["ports"]] == ["health"]
+
+
+def documented_grants() -> tuple[set[tuple[str, str, str]], dict[str, set[tuple[str, str, str]]]]:
+    """(group, resource, verb) triples of the table "RBAC verbs the operator uses" in docs/operator.md.
+
+    Returns:
+        The unconditional triples, and the conditional ones by the resource of their row (rows that say "only").
+    """
+    text = (CHART.parents[1] / "docs" / "operator.md").read_text()
+    table = text[text.index("## RBAC verbs the operator uses") :].splitlines()
+    always: set[tuple[str, str, str]] = set()
+    conditional: dict[str, set[tuple[str, str, str]]] = {}
+    for line in table:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[1].startswith("`"):
+            continue
+        groups = [g.strip().strip("`").strip('"') for g in cells[0].split("/")]
+        resource = cells[1].strip("`")
+        verbs_text = cells[2].split("(", 1)[0]
+        triples = {(g, resource, v.strip()) for g in groups for v in verbs_text.split(",") if v.strip()}
+        if "(only" in cells[2]:
+            conditional[resource] = triples
+        else:
+            always |= triples
+    return always, conditional
+
+
+def granted(objects: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for _, rule in rules(objects)
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_rbac_grants_exactly_what_the_operator_documents(helm: str) -> None:
+    always, conditional = documented_grants()
+    assert ("", "pods", "create") in always
+    assert granted(render(helm)) == always
+    # Volcano PodGroups only on request; the webhook configuration never (the chart manages it).
+    assert granted(render(helm, "rbac.volcano=true")) == always | conditional["podgroups"]
+    assert "validatingwebhookconfigurations" in conditional

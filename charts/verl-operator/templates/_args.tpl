@@ -7,11 +7,13 @@ settings. The webhook configuration object is owned by the chart, so the operato
 - run
 {{- if .Values.watchNamespaces }}
 {{- range .Values.watchNamespaces }}
-- --namespace={{ . }}
+- {{ printf "--namespace=%s" . | quote }}
 {{- end }}
 {{- else }}
 - --all-namespaces
 {{- end }}
+{{- /* In a pod the kubelet probes and the API server calls the pod IP, so listen on every address. */}}
+- --listen-address=0.0.0.0
 - --health-port={{ .Values.health.port }}
 {{- if .Values.metrics.enabled }}
 - --metrics-port={{ .Values.metrics.port }}
