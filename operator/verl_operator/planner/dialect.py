@@ -67,6 +67,7 @@ INPUT_KEYS: dict[str, str] = {
 #: Keys the planner reads (memory model, strategy checks) but passes through unchanged.
 READ_KEYS: dict[str, str] = {
     f"{ARR}.model.lora_rank": "lora_rank",
+    f"{ARR}.model.override_config.max_position_embeddings": "max_position_embeddings",
     f"{ARR}.model.enable_gradient_checkpointing": "gradient_checkpointing",
     f"{ARR}.actor.use_kl_loss": "use_kl_loss",
     "algorithm.use_kl_in_reward": "use_kl_in_reward",

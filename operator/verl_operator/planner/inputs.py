@@ -71,6 +71,12 @@ class Problem:
     gpu_memory_bytes: int
     nvlink_domain: int
     pins: Mapping[str, Pinned] = field(default_factory=dict)
+    max_position_embeddings: int | None = None
+
+    @property
+    def max_positions(self) -> int:
+        """The model's longest sequence, after an ``override_config.max_position_embeddings`` override."""
+        return self.max_position_embeddings or self.shape.max_position_embeddings
 
     @property
     def seq_len(self) -> int:

@@ -362,6 +362,7 @@ def plan_job(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]]) -> PlanResul
                 gpu_memory_bytes=pool.memory_mib * 1024 * 1024,
                 nvlink_domain=layout.nvlink_domain,
                 pins=pins,
+                max_position_embeddings=r.get_int("max_position_embeddings", reads=True),
             )
             outcome = search(problem, layout, fixed, group_n)
             if isinstance(outcome, Found):
@@ -416,7 +417,7 @@ def _result(
 ) -> PlanResult:
     s, est = found.settings, found.estimate
     dp = s.data_parallel_size
-    warnings: list[str] = []
+    warnings: list[str] = list(found.warnings)
     replicas = s.world // s.rollout_tp
     padded = rules.padded_trajectories(s, p.needs_critic)
     waste = padded - s.trajectories

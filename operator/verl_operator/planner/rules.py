@@ -247,7 +247,7 @@ def nvlink_groups(p: Problem, s: Settings) -> list[Violation]:
 def max_model_len(p: Problem, s: Settings) -> list[Violation]:
     """Rule 20: the rollout's max model length fits the model's ``max_position_embeddings``."""
     length = p.max_model_len if p.max_model_len is not None else p.seq_len
-    limit = p.shape.max_position_embeddings
+    limit = p.max_positions
     if length <= limit:
         return []
     name = "max_model_len" if p.max_model_len is not None else "max_response_length"
@@ -377,8 +377,11 @@ def dynamic_token_budget(p: Problem, s: Settings) -> list[Violation]:
     out: list[Violation] = []
     need = p.seq_len
     sp = s.sequence_parallel_size
-    budgets = [("max_token_len_per_gpu", s.max_token_len_per_gpu)]
-    budgets.append(("log_prob_max_token_len_per_gpu", s.log_prob_max_token_len_per_gpu))
+    # An unset log-prob budget follows the actor's (verl's oc.select default).
+    budgets = [
+        ("max_token_len_per_gpu", s.max_token_len_per_gpu),
+        ("log_prob_max_token_len_per_gpu", s.log_prob_max_token_len_per_gpu or s.max_token_len_per_gpu),
+    ]
     if p.needs_critic and p.critic_max_token_len_per_gpu is not None:
         budgets.append(("critic_max_token_len_per_gpu", p.critic_max_token_len_per_gpu))
     for name, budget in budgets:

@@ -42,6 +42,7 @@ class Found:
 
     settings: Settings
     estimate: Estimate
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -337,16 +338,45 @@ def _log_prob_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Setting
         yield replace(s, log_prob_micro_batch_size_per_gpu=micro)
 
 
+def _pinned_overrun(p: Problem, phase: str, pinned: bool, est: Estimate) -> str | None:
+    """A warning for a user-pinned micro-batch or token budget whose worst-case estimate exceeds the GPU.
+
+    Activations and logits scale with the tokens actually in a micro-batch; the estimate assumes every
+    sequence reaches ``maxPromptLength + maxResponseLength``. The planner never chooses such a value itself,
+    but a pinned one is the user's measured choice (verl's tuning scripts probe the largest that fits), so
+    it is reported, not rejected.
+    """
+    peak = est.train.peak_bytes if phase == "train" else est.log_prob.peak_bytes
+    if not pinned or peak <= p.gpu_memory_bytes:
+        return None
+    return (
+        f"{phase} peak estimated at {peak / GIB:.1f} GiB of {p.gpu_memory_bytes / GIB:.1f} GiB with every sequence at "
+        f"{p.seq_len} tokens; the pinned {phase} micro-batch fits only if sequences are shorter"
+    )
+
+
 def _search_rest(p: Problem, layout: Layout, fixed: Fixed, s0: Settings, record: Recorder) -> Found | None:
     train_rules = (rules.micro_divides_mini, rules.critic_micro_divides_mini, rules.dynamic_token_budget)
+    train_pinned = (
+        fixed.max_token_len_per_gpu is not None
+        if s0.dynamic_batch_size
+        else fixed.ppo_micro_batch_size_per_gpu is not None or fixed.ppo_micro_batch_size_global is not None
+    )
+    lp_pinned = (
+        (fixed.log_prob_max_token_len_per_gpu or fixed.max_token_len_per_gpu) is not None
+        if s0.dynamic_batch_size
+        else fixed.log_prob_micro_batch_size_per_gpu is not None
+        or fixed.log_prob_micro_batch_size_global is not None
+    )
     for s1 in _train_options(p, s0, fixed):
         vs = rules.check(p, s1, train_rules)
         if vs:
             record(vs, 1)
             continue
         est = estimate(_memory_inputs(p, s1, layout.world))
-        if est.train.peak_bytes > p.gpu_memory_bytes:
-            record(memory_violations(p, s1, est)[:1], 2)
+        train_warning = _pinned_overrun(p, "train", train_pinned, est)
+        if est.train.peak_bytes > p.gpu_memory_bytes and train_warning is None:
+            record([v for v in memory_violations(p, s1, est) if v.rule == "memory-train"], 2)
             continue
         for s2 in _log_prob_options(p, s1, fixed):
             vs = rules.check(p, s2, (rules.log_prob_micro_divides, rules.dynamic_token_budget))
@@ -354,13 +384,15 @@ def _search_rest(p: Problem, layout: Layout, fixed: Fixed, s0: Settings, record:
                 record(vs, 3)
                 continue
             est = estimate(_memory_inputs(p, s2, layout.world))
-            if est.log_prob.peak_bytes > p.gpu_memory_bytes:
+            lp_warning = _pinned_overrun(p, "log-prob", lp_pinned, est)
+            if est.log_prob.peak_bytes > p.gpu_memory_bytes and lp_warning is None:
                 record([v for v in memory_violations(p, s2, est) if v.rule == "memory-log-prob"], 4)
                 continue
             found = _search_rollout(p, layout, fixed, s2, record)
-            if found is not None:
-                return found
-            return None
+            if found is None:
+                return None
+            extra = tuple(w for w in (train_warning, lp_warning) if w is not None)
+            return replace(found, warnings=found.warnings + extra)
         return None
     return None
 
@@ -388,7 +420,9 @@ def _search_rollout(p: Problem, layout: Layout, fixed: Fixed, s2: Settings, reco
                 gmu = 0.05
         s4 = replace(s3, gpu_memory_utilization=gmu)
         est = estimate(_memory_inputs(p, s4, layout.world))
-        vs = memory_violations(p, s4, est)
+        vs = [
+            v for v in memory_violations(p, s4, est) if v.rule in ("memory-rollout", "kv-cache-max-model-len")
+        ]
         if vs:
             record(vs, 6)
             continue

@@ -1,0 +1,286 @@
+"""Every rule: one case that passes and one that fails, with the message's arithmetic and suggestions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from verl_operator.planner import rules
+from verl_operator.planner.catalog import lookup
+from verl_operator.planner.inputs import Problem, Settings
+
+QWEN7B = lookup("Qwen/Qwen2.5-7B-Instruct")
+assert QWEN7B is not None
+
+
+def problem(**kw: Any) -> Problem:
+    base = Problem(
+        version="0.9",
+        shape=QWEN7B.shape,  # 28 heads, 4 KV heads, 32768 positions
+        params=QWEN7B.params_total,
+        needs_critic=False,
+        uses_ref=False,
+        lora=False,
+        gradient_checkpointing=True,
+        max_prompt_length=512,
+        max_response_length=1024,
+        max_model_len=None,
+        max_num_batched_tokens=8192,
+        max_num_seqs=256,
+        ref_param_offload=False,
+        critic_offload=False,
+        nvlink_required=False,
+        use_remove_padding=None,
+        critic_max_token_len_per_gpu=None,
+        gpu_memory_bytes=81559 * 2**20,
+        nvlink_domain=8,
+    )
+    return replace(base, **kw)
+
+
+def settings(**kw: Any) -> Settings:
+    base = Settings(
+        world=8,
+        nnodes=1,
+        gpus_per_node=8,
+        train_batch_size=1024,
+        rollout_n=5,
+        rollout_tp=2,
+        gpu_memory_utilization=0.6,
+        sequence_parallel_size=1,
+        fsdp_size=-1,
+        ppo_mini_batch_size=256,
+        ppo_micro_batch_size_per_gpu=16,
+        log_prob_micro_batch_size_per_gpu=32,
+        dynamic_batch_size=False,
+        max_token_len_per_gpu=None,
+        log_prob_max_token_len_per_gpu=None,
+        param_offload=False,
+        optimizer_offload=False,
+    )
+    return replace(base, **kw)
+
+
+CASES = [
+    # (rule, problem overrides, settings overrides, expected rule id or None)
+    pytest.param(rules.batch_divisible_by_world, {}, {}, None, id="batch-world-ok"),
+    pytest.param(
+        rules.batch_divisible_by_world,
+        {},
+        {"world": 6, "train_batch_size": 64, "rollout_n": 1},
+        "batch-divisible-by-world",
+        id="batch-world-64x1-on-6",
+    ),
+    pytest.param(
+        rules.batch_divisible_by_world,
+        {"version": "0.6"},
+        {"world": 6, "train_batch_size": 64, "rollout_n": 1, "dynamic_batch_size": True},
+        "batch-divisible-by-dp",
+        id="batch-dp-0.6-dynamic",
+    ),
+    pytest.param(
+        rules.batch_divisible_by_world,
+        {},
+        {"world": 6, "train_batch_size": 64, "rollout_n": 1, "dynamic_batch_size": True},
+        None,
+        id="batch-0.9-dynamic-pads",
+    ),
+    pytest.param(rules.mini_batch_le_train_batch, {}, {}, None, id="mini-le-train-ok"),
+    pytest.param(
+        rules.mini_batch_le_train_batch,
+        {},
+        {"ppo_mini_batch_size": 2048},
+        "mini-batch-le-train-batch",
+        id="mini-gt-train",
+    ),
+    pytest.param(rules.sp_divides_world, {}, {"sequence_parallel_size": 4}, None, id="sp-world-ok"),
+    pytest.param(
+        rules.sp_divides_world,
+        {},
+        {"world": 6, "sequence_parallel_size": 4},
+        "sp-divides-world",
+        id="sp-4-on-6",
+    ),
+    pytest.param(rules.sp_heads, {}, {"sequence_parallel_size": 2}, None, id="sp-heads-ok"),
+    pytest.param(rules.sp_heads, {}, {"sequence_parallel_size": 8}, "sp-heads", id="sp-8-vs-28-heads"),
+    pytest.param(rules.fsdp_size_valid, {}, {"fsdp_size": 4}, None, id="fsdp-4-of-8"),
+    pytest.param(rules.fsdp_size_valid, {}, {"fsdp_size": 3}, "fsdp-size", id="fsdp-3-of-8"),
+    pytest.param(rules.rollout_tp_divides_world, {}, {"rollout_tp": 4}, None, id="tp-world-ok"),
+    pytest.param(
+        rules.rollout_tp_divides_world,
+        {},
+        {"world": 6, "rollout_tp": 4},
+        "rollout-tp-divides-world",
+        id="tp-4-on-6",
+    ),
+    pytest.param(rules.rollout_tp_heads, {}, {"rollout_tp": 4}, None, id="tp-heads-ok"),
+    pytest.param(rules.rollout_tp_heads, {}, {"rollout_tp": 8}, "rollout-tp-heads", id="tp-8-vs-28-heads"),
+    pytest.param(
+        rules.rollout_replica_node,
+        {},
+        {"world": 16, "nnodes": 2, "rollout_tp": 16},
+        None,
+        id="replica-2-nodes",
+    ),
+    pytest.param(
+        rules.rollout_replica_node,
+        {},
+        {"world": 12, "nnodes": 2, "gpus_per_node": 6, "rollout_tp": 4},
+        "rollout-replica-node",
+        id="replica-straddles",
+    ),
+    pytest.param(
+        rules.nvlink_groups,
+        {"nvlink_required": True, "nvlink_domain": 8},
+        {"rollout_tp": 4},
+        None,
+        id="nvlink-ok",
+    ),
+    pytest.param(
+        rules.nvlink_groups,
+        {"nvlink_required": True, "nvlink_domain": 1},
+        {"rollout_tp": 2},
+        "nvlink-domain",
+        id="nvlink-pcie",
+    ),
+    pytest.param(rules.nvlink_groups, {"nvlink_domain": 1}, {"rollout_tp": 2}, None, id="nvlink-preferred"),
+    pytest.param(rules.max_model_len, {}, {}, None, id="max-len-ok"),
+    pytest.param(rules.max_model_len, {"max_response_length": 40000}, {}, "max-model-len", id="max-len-over"),
+    pytest.param(
+        rules.max_model_len,
+        {"max_response_length": 40000, "max_position_embeddings": 65536},
+        {},
+        None,
+        id="max-len-override-config",
+    ),
+    pytest.param(rules.mini_batch_per_gpu, {}, {}, None, id="mini-per-gpu-ok"),
+    pytest.param(
+        rules.mini_batch_per_gpu,
+        {},
+        {"world": 6, "train_batch_size": 60, "ppo_mini_batch_size": 10, "rollout_n": 1},
+        "mini-batch-per-gpu",
+        id="mini-10-on-6",
+    ),
+    pytest.param(rules.micro_divides_mini, {}, {}, None, id="micro-ok"),
+    pytest.param(
+        rules.micro_divides_mini,
+        {},
+        {"ppo_micro_batch_size_per_gpu": 48},
+        "micro-divides-mini",
+        id="micro-48-of-160",
+    ),
+    pytest.param(
+        rules.micro_divides_mini,
+        {},
+        {"ppo_micro_batch_size_per_gpu": None},
+        "micro-batch-required",
+        id="micro-missing",
+    ),
+    pytest.param(rules.log_prob_micro_divides, {}, {}, None, id="lp-micro-ok"),
+    pytest.param(
+        rules.log_prob_micro_divides,
+        {},
+        {"log_prob_micro_batch_size_per_gpu": 48},
+        "log-prob-micro-divides",
+        id="lp-micro-48-of-640",
+    ),
+    pytest.param(
+        rules.log_prob_micro_divides,
+        {"version": "0.6"},
+        {"log_prob_micro_batch_size_per_gpu": 48},
+        None,
+        id="lp-micro-0.6-splits-unevenly",
+    ),
+    pytest.param(
+        rules.critic_micro_divides_mini,
+        {"needs_critic": True},
+        {"critic_ppo_micro_batch_size_per_gpu": 32},
+        None,
+        id="critic-micro-ok",
+    ),
+    pytest.param(
+        rules.critic_micro_divides_mini,
+        {"needs_critic": True},
+        {"critic_ppo_micro_batch_size_per_gpu": 48},
+        "micro-divides-mini",
+        id="critic-micro-48",
+    ),
+    pytest.param(
+        rules.dynamic_token_budget,
+        {},
+        {"dynamic_batch_size": True, "max_token_len_per_gpu": 3072},
+        None,
+        id="token-budget-ok",
+    ),
+    pytest.param(
+        rules.dynamic_token_budget,
+        {},
+        {"dynamic_batch_size": True, "max_token_len_per_gpu": 1024},
+        "dynamic-token-budget",
+        id="token-budget-below-one-sequence",
+    ),
+    pytest.param(
+        rules.dynamic_token_budget,
+        {},
+        {"dynamic_batch_size": True, "max_token_len_per_gpu": 1024, "sequence_parallel_size": 2},
+        None,
+        id="token-budget-times-sp",
+    ),
+    pytest.param(
+        rules.sp_remove_padding,
+        {"use_remove_padding": None},
+        {"sequence_parallel_size": 2},
+        None,
+        id="sp-padding-ok",
+    ),
+    pytest.param(
+        rules.sp_remove_padding,
+        {"use_remove_padding": False},
+        {"sequence_parallel_size": 2},
+        "sp-remove-padding",
+        id="sp-without-remove-padding",
+    ),
+]
+
+
+@pytest.mark.parametrize(("rule", "pkw", "skw", "expected"), CASES)
+def test_rule(rule: rules.Rule, pkw: dict[str, Any], skw: dict[str, Any], expected: str | None) -> None:
+    violations = rule(problem(**pkw), settings(**skw))
+    if expected is None:
+        assert violations == []
+    else:
+        assert violations, "expected a violation"
+        assert {v.rule for v in violations} == {expected}
+        assert all(v.field and v.message for v in violations)
+
+
+def test_every_rule_has_a_table_case() -> None:
+    covered = {c.values[0] for c in CASES}
+    assert set(rules.RULES) <= covered
+
+
+def test_issue_example_message() -> None:
+    [v] = rules.batch_divisible_by_world(problem(), settings(world=6, train_batch_size=64, rollout_n=1))
+    assert v.field == "spec.data.trainBatchSize"
+    assert v.message == "64 x 1 = 64 trajectories per step is not divisible by 6 GPUs"
+    assert v.suggestions == ["use trainBatchSize 60 or 66"]
+
+
+def test_micro_suggestions_are_divisors() -> None:
+    [v] = rules.micro_divides_mini(problem(), settings(ppo_micro_batch_size_per_gpu=48))
+    # per-GPU mini = 256 x 5 / 8 = 160; the divisors of 160 nearest 48 are 40 and 80
+    assert "160" in v.message
+    assert v.suggestions == ["use ppoMicroBatchSizePerGpu 40 or 80"]
+
+
+@pytest.mark.parametrize(
+    ("value", "ok", "expected"),
+    [
+        pytest.param(64, lambda t: t % 6 == 0, [60, 66], id="both-sides"),
+        pytest.param(2, lambda t: t % 5 == 0, [5], id="only-above"),
+    ],
+)
+def test_nearest(value: int, ok: Any, expected: list[int]) -> None:
+    assert rules.nearest(value, ok) == expected
