@@ -1,0 +1,191 @@
+"""Where one devcluster instance keeps its files, and the command lines of its components (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from verl_operator.devcluster import labels as L
+
+#: Components in start order (stopped in reverse).
+COMPONENTS: tuple[str, ...] = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+#: ClusterIP range of Services (any private range: nothing routes to it in a simulation).
+SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+#: Controllers the controller-manager runs: object lifecycle (garbage collection, namespaces, service
+#: accounts and their tokens, the root CA ConfigMap) and the workload controllers a chart or an operator
+#: relies on. Node lifecycle, IPAM, volumes and cloud controllers have nothing to do on simulated nodes.
+CONTROLLERS: tuple[str, ...] = (
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "clusterrole-aggregation-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "statefulset-controller",
+    "job-controller",
+    "endpoints-controller",
+    "endpointslice-controller",
+    "disruption-controller",
+    "pod-garbage-collector-controller",
+    "resourcequota-controller",
+    "ttl-after-finished-controller",
+)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The files of one instance, all under ``base``."""
+
+    base: Path
+
+    @property
+    def state_file(self) -> Path:
+        return self.base / "state.json"
+
+    @property
+    def pki(self) -> Path:
+        return self.base / "pki"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.base / "etcd-data"
+
+    @property
+    def logs(self) -> Path:
+        return self.base / "logs"
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin kubeconfig (``system:masters``), for users and tests."""
+        return self.base / "kubeconfig"
+
+    @property
+    def kwok_config(self) -> Path:
+        return self.base / "kwok.yaml"
+
+    def component_kubeconfig(self, component: str) -> Path:
+        return self.base / "kubeconfigs" / f"{component}.kubeconfig"
+
+    def log(self, component: str) -> Path:
+        return self.logs / f"{component}.log"
+
+
+def apiserver_url(ports: dict[str, int]) -> str:
+    """The API server's URL on loopback."""
+    return f"https://127.0.0.1:{ports['apiserver']}"
+
+
+def component_argv(
+    component: str, binary: Path, layout: Layout, ports: dict[str, int], name: str
+) -> list[str]:
+    """The command line of one component.
+
+    Args:
+        component: One of :data:`COMPONENTS`.
+        binary: Its executable.
+        layout: The instance's files.
+        ports: The instance's ports (see ``ports.PORT_NAMES``).
+        name: The instance name (the controller-manager's ``--cluster-name``).
+
+    Returns:
+        argv, every server bound to 127.0.0.1.
+
+    Raises:
+        KeyError: Unknown component.
+    """
+    pki = layout.pki
+    exe = str(binary)
+    if component == "etcd":
+        client = f"http://127.0.0.1:{ports['etcd_client']}"
+        peer = f"http://127.0.0.1:{ports['etcd_peer']}"
+        return [
+            exe,
+            "--name=devcluster",
+            f"--data-dir={layout.etcd_data}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=devcluster={peer}",
+            # A throwaway development store: skipping fsync keeps the API fast on a small, shared disk.
+            "--unsafe-no-fsync=true",
+            "--log-level=warn",
+        ]
+    if component == "kube-apiserver":
+        return [
+            exe,
+            f"--etcd-servers=http://127.0.0.1:{ports['etcd_client']}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={ports['apiserver']}",
+            f"--cert-dir={pki}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            # New nodes get a not-ready taint from this plugin that only the node-lifecycle controller lifts;
+            # simulated nodes are Ready from the start and that controller is not run (see CONTROLLERS).
+            "--disable-admission-plugins=TaintNodesByCondition",
+            # The aggregation layer's front proxy (also fills the request-header CA that the
+            # controller-manager and scheduler read for their own authentication).
+            f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            "--allow-privileged=true",
+            # Endpoints of the 'kubernetes' Service would point at 127.0.0.1, which Endpoints reject.
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+            "--v=1",
+        ]
+    if component in ("kube-controller-manager", "kube-scheduler"):
+        kubeconfig = str(layout.component_kubeconfig(component))
+        common = [
+            exe,
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            "--profiling=false",
+            "--v=1",
+        ]
+        if component == "kube-scheduler":
+            return [*common, f"--secure-port={ports['scheduler']}"]
+        return [
+            *common,
+            f"--secure-port={ports['controller_manager']}",
+            f"--controllers={','.join(CONTROLLERS)}",
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            f"--cluster-name=verl-devcluster-{name}",
+        ]
+    if component == "kwok":
+        return [
+            exe,
+            f"--kubeconfig={layout.component_kubeconfig('kwok')}",
+            f"--config={layout.kwok_config}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={L.KWOK_NODE}={L.KWOK_NODE_VALUE}",
+            f"--server-address=127.0.0.1:{ports['kwok']}",
+            # Pod IPs come from one /16 (the first address is the start of the pool); node IPs are fixed.
+            "--cidr=10.244.0.1/16",
+            "--node-ip=10.1.0.1",
+        ]
+    raise KeyError(f"unknown component {component!r}")
