@@ -16,6 +16,9 @@ import yaml
 from cryptography import x509
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "verl-operator"
+#: The cluster version ``helm template`` assumes: a helm built with plain ``go build`` defaults to v1.20,
+#: older than the chart's kubeVersion constraint.
+KUBE_VERSION = "v1.34.0"
 RELEASE = "vo"
 NAMESPACE = "verl-system"
 FULLNAME = "vo-verl-operator"
@@ -52,7 +55,7 @@ def render(
     helm: str, *sets: str, values: dict[str, Any] | None = None, tmp: Path | None = None
 ) -> list[dict[str, Any]]:
     """``helm template`` with ``--set`` pairs (and a values file); the rendered objects."""
-    argv = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    argv = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION]
     for item in sets:
         argv += ["--set", item]
     if values is not None:
@@ -349,7 +352,16 @@ def test_provided_ca_bundle_replaces_the_generated_secret(helm: str) -> None:
 
 
 def test_existing_secret_without_ca_bundle_fails_with_the_reason(helm: str) -> None:
-    proc = run_helm(helm, "template", RELEASE, str(CHART), "--set", "webhook.tls.existingSecret=my-tls")
+    proc = run_helm(
+        helm,
+        "template",
+        RELEASE,
+        str(CHART),
+        "--kube-version",
+        KUBE_VERSION,
+        "--set",
+        "webhook.tls.existingSecret=my-tls",
+    )
     assert proc.returncode != 0
     assert "webhook.tls.existingSecret needs webhook.tls.caBundle" in proc.stderr
 

@@ -13,6 +13,9 @@ import pytest
 import yaml
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "verl-operator"
+#: The cluster version ``helm template`` assumes: a helm built with plain ``go build`` defaults to v1.20,
+#: older than the chart's kubeVersion constraint.
+KUBE_VERSION = "v1.34.0"
 
 
 def helm_binary() -> str:
@@ -37,7 +40,11 @@ def helm() -> str:
 
 def template(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [helm, "template", "vo", str(CHART), *args], capture_output=True, text=True, timeout=120, check=False
+        [helm, "template", "vo", str(CHART), "--kube-version", KUBE_VERSION, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
