@@ -160,6 +160,19 @@ def _memory_inputs(p: Problem, s: Settings, world: int) -> MemoryInputs:
     )
 
 
+def gpus_needed(p: Problem, s: Settings, max_factor: int = 64) -> int | None:
+    """The smallest multiple of the current GPU count whose sharded state fits every phase, or None.
+
+    Only the state shrinks with more GPUs; the per-GPU batch settings stay as they are.
+    """
+    for k in range(2, max_factor + 1):
+        world = s.world * k
+        bigger = replace(s, world=world, fsdp_size=-1)
+        if estimate(_memory_inputs(p, bigger, world)).fits(p.gpu_memory_bytes):
+            return world
+    return None
+
+
 def memory_violations(p: Problem, s: Settings, est: Estimate) -> list[Violation]:
     """Phases predicted not to fit, with the parts and what would make them fit."""
     m = p.gpu_memory_bytes
@@ -188,16 +201,23 @@ def memory_violations(p: Problem, s: Settings, est: Estimate) -> list[Violation]
         if phase.peak_bytes <= m:
             continue
         parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(phase.parts_gib().items(), key=lambda kv: -kv[1]))
-        hints = []
-        if not s.optimizer_offload:
-            hints.append("set spec.offload.optimizer: true")
-        if not s.param_offload:
-            hints.append("set spec.offload.params: true")
-        if label == "train" or label == "log-prob":
-            hints.append("use a smaller micro-batch or token budget, or a larger sequenceParallelSize")
+        hints: list[str] = []
         if label == "rollout":
-            hints.append("lower gpuMemoryUtilization")
-        hints.append("use more GPUs (the state is sharded over them)")
+            if not s.optimizer_offload:
+                hints.append("set spec.offload.optimizer: true")
+            if not s.param_offload:
+                hints.append("set spec.offload.params: true")
+            hints.append("lower spec.rollout.gpuMemoryUtilization")
+        elif label == "train":
+            hints.append(
+                "use a larger spec.parallelism.sequenceParallelSize or a smaller micro-batch / token budget"
+            )
+            hints.append("shorten spec.data.maxResponseLength")
+        else:
+            hints.append("use a smaller logProbMicroBatchSizePerGpu (or log-prob token budget)")
+        more = gpus_needed(p, s)
+        if more is not None:
+            hints.append(f"use at least {more} GPUs (the training state is sharded over them)")
         out.append(
             Violation(
                 field=p.source(name, "spec.resources.gpus"),
@@ -251,8 +271,10 @@ def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found 
     best = Failed([], -1)
 
     def note(vs: list[Violation], depth: int) -> None:
+        # Candidates are tried from most preferred to most memory-saving, so among failures that got equally
+        # far, the last one is the nearest miss (largest SP, whole-world sharding, smallest micro-batch).
         nonlocal best
-        if depth > best.depth:
+        if depth >= best.depth:
             best = Failed(vs, depth)
 
     for sp in sp_candidates(p, layout, fixed):

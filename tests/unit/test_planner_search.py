@@ -1,0 +1,244 @@
+"""The search: tie-break order, determinism, node selection and infeasible answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import make_node, make_nodes, make_spec
+
+from verl_operator.planner import PlanResult, plan_job
+
+
+def feasible(result: PlanResult) -> Any:
+    assert result.feasible, [(v.rule, v.message) for v in result.violations]
+    assert result.plan is not None
+    return result.plan
+
+
+def rules_of(result: PlanResult) -> set[str]:
+    assert not result.feasible
+    return {v.rule for v in result.violations}
+
+
+def test_tie_break_order() -> None:
+    """Each preference of the documented order, checked against the alternative it beats."""
+    nodes = make_nodes(1)
+    plan = feasible(plan_job(make_spec(8), nodes))
+    # 1. smallest SP: SP 1 fits, so it is chosen although SP 2 and 4 are valid too.
+    assert plan.sequence_parallel_size == 1
+    assert plan_job(make_spec(8, parallelism={"sequenceParallelSize": 2}), nodes).feasible
+    # 2. one node: FSDP over the whole world.
+    assert plan.fsdp_size == -1
+    # 3. mini-batch closest to trainBatchSize / 4.
+    assert plan.batching.ppo_mini_batch_size == plan.batching.train_batch_size // 4
+    # 4. largest micro-batch that fits: doubling the next divisor up breaks the train estimate.
+    micro = plan.batching.ppo_micro_batch_size_per_gpu
+    per_gpu = plan.batching.mini_batch_per_gpu
+    larger = [d for d in range(micro + 1, per_gpu + 1) if per_gpu % d == 0]
+    pinned = plan_job(make_spec(8, batching={"ppoMicroBatchSizePerGpu": larger[0]}), nodes)
+    assert any("train peak" in w for w in pinned.warnings)
+    # 6. smallest rollout TP that fits: TP 1 for a 7B model on 80 GB.
+    assert plan.rollout.tensor_parallel_size == 1
+    # 7. largest gpuMemoryUtilization that fits: 0.05 more breaks the rollout estimate.
+    gmu = plan.rollout.gpu_memory_utilization
+    over = plan_job(make_spec(8, rollout={"gpuMemoryUtilization": round(gmu + 0.05, 2)}), nodes)
+    assert "memory-rollout" in rules_of(over)
+
+
+def test_tie_break_sp_grows_only_when_needed() -> None:
+    nodes = make_nodes(1)
+    long = make_spec(8, data={"maxPromptLength": 2048, "maxResponseLength": 30000})
+    plan = feasible(plan_job(long, nodes))
+    assert plan.sequence_parallel_size > 1
+    smaller = plan_job(
+        make_spec(
+            8,
+            data={"maxPromptLength": 2048, "maxResponseLength": 30000},
+            parallelism={"sequenceParallelSize": plan.sequence_parallel_size // 2},
+        ),
+        nodes,
+    )
+    assert "memory-train" in rules_of(smaller)
+
+
+def test_tie_break_tp_grows_only_when_needed() -> None:
+    nodes = make_nodes(4)
+    plan = feasible(plan_job(make_spec(32, model="Qwen/Qwen2.5-72B-Instruct"), nodes))
+    tp = plan.rollout.tensor_parallel_size
+    assert tp > 1
+    half = plan_job(
+        make_spec(32, model="Qwen/Qwen2.5-72B-Instruct", rollout={"tensorParallelSize": tp // 2}), nodes
+    )
+    assert rules_of(half) & {"memory-rollout", "kv-cache-max-model-len"}
+
+
+def test_tie_break_multi_node_shards_within_a_node_first() -> None:
+    plan = feasible(plan_job(make_spec(16), make_nodes(2)))
+    assert plan.fsdp_size == 8
+
+
+def test_deterministic_and_order_independent() -> None:
+    nodes = make_nodes(4)
+    spec = make_spec(16, model="Qwen/Qwen3-8B")
+    first = plan_job(spec, nodes).to_json_dict()
+    assert plan_job(spec, list(reversed(nodes))).to_json_dict() == first
+    assert first["plan"]["candidateNodes"] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "nodes", "gpn", "nnodes"),
+    [
+        pytest.param(8, make_nodes(2), 8, 1, id="one-full-node"),
+        pytest.param(16, make_nodes(3), 8, 2, id="two-full-nodes"),
+        pytest.param(6, make_nodes(1), 6, 1, id="part-of-a-node"),
+        pytest.param(12, make_nodes(2), 6, 2, id="six-per-node"),
+        pytest.param(4, make_nodes(2, gpus=2), 2, 2, id="small-nodes"),
+    ],
+)
+def test_layout_choice(gpus: int, nodes: list[dict[str, Any]], gpn: int, nnodes: int) -> None:
+    plan = feasible(plan_job(make_spec(gpus, model="Qwen/Qwen2.5-1.5B-Instruct"), nodes))
+    assert (plan.gpus_per_node, plan.nnodes, plan.world_size) == (gpn, nnodes, gpus)
+    assert len(plan.nodes) == nnodes and set(plan.nodes) <= set(plan.candidate_nodes)
+
+
+def test_pinned_gpus_per_node_is_kept() -> None:
+    plan = feasible(
+        plan_job(
+            make_spec(8, model="Qwen/Qwen2.5-1.5B-Instruct", resources={"gpusPerNode": 4}), make_nodes(2)
+        )
+    )
+    assert (plan.gpus_per_node, plan.nnodes) == (4, 2)
+
+
+def test_best_fit_pool_prefers_smaller_gpus_that_fit() -> None:
+    nodes = make_nodes(1, 8, "NVIDIA-L40S", 46068, prefix="l40s") + make_nodes(1, 8, prefix="h100")
+    small = feasible(plan_job(make_spec(8, model="Qwen/Qwen2.5-0.5B-Instruct"), nodes))
+    assert small.node_pool.gpu_product == "NVIDIA-L40S"
+    big = feasible(plan_job(make_spec(8, model="Qwen/Qwen2.5-32B-Instruct"), nodes))
+    assert big.node_pool.gpu_product == "NVIDIA-H100-80GB-HBM3"
+
+
+def test_excluded_nodes_are_reported() -> None:
+    nodes = make_nodes(1) + [
+        make_node("cordoned", unschedulable=True),
+        make_node("cpu", gpus=0, product=None),
+    ]
+    plan = feasible(plan_job(make_spec(8), nodes))
+    assert set(plan.node_pool.excluded) == {"cordoned", "cpu"}
+
+
+@pytest.mark.parametrize(
+    ("spec_kw", "nodes", "rule"),
+    [
+        pytest.param({"gpus": 24}, make_nodes(2), "not-enough-gpus", id="too-many-gpus"),
+        pytest.param(
+            {"gpus": 8, "resources": {"gpuProduct": "NVIDIA-H200"}},
+            make_nodes(2),
+            "no-eligible-nodes",
+            id="no-product",
+        ),
+        pytest.param(
+            {"gpus": 8, "model": "org/unknown-model"},
+            make_nodes(1),
+            "model-shape-required",
+            id="unknown-model",
+        ),
+        pytest.param(
+            {"gpus": 6, "data": {"trainBatchSize": 64}, "rollout": {"n": 1}},
+            make_nodes(1),
+            "batch-divisible-by-world",
+            id="issue-example",
+        ),
+        pytest.param(
+            {"gpus": 16, "model": "Qwen/Qwen2.5-72B-Instruct"}, make_nodes(2), "memory-train", id="72b-on-16"
+        ),
+        pytest.param(
+            {"gpus": 4, "rollout": {"tensorParallelSize": 2}, "placement": {"nvlink": "required"}},
+            make_nodes(1, 4, "NVIDIA-L40S", 46068),
+            "nvlink-domain",
+            id="nvlink-required-on-pcie",
+        ),
+        pytest.param(
+            {"gpus": 8, "overrides": ["actor_rollout_ref.rollout.mode=sync"]},
+            make_nodes(1),
+            "rollout-mode",
+            id="sync-on-0.9",
+        ),
+        pytest.param(
+            {"gpus": 8, "overrides": ["actor_rollout_ref.actor.strategy=megatron"]},
+            make_nodes(1),
+            "strategy",
+            id="megatron",
+        ),
+        pytest.param(
+            {"gpus": 8, "overrides": ["trainer.nnodes=2", "trainer.n_gpus_per_node=8"]},
+            make_nodes(2),
+            "resources-agree",
+            id="trainer-nnodes-disagrees",
+        ),
+        pytest.param(
+            {"gpus": 8, "rollout": {"n": 4}, "overrides": ["actor_rollout_ref.rollout.n=5"]},
+            make_nodes(1),
+            "override-conflict",
+            id="override-vs-field",
+        ),
+    ],
+)
+def test_infeasible(spec_kw: dict[str, Any], nodes: list[dict[str, Any]], rule: str) -> None:
+    kw = dict(spec_kw)
+    gpus = kw.pop("gpus")
+    result = plan_job(make_spec(gpus, **kw), nodes)
+    assert rule in rules_of(result)
+    assert result.plan is None and result.to_json_dict()["plan"] is None
+
+
+def test_memory_violation_suggests_more_gpus() -> None:
+    result = plan_job(make_spec(16, model="Qwen/Qwen2.5-72B-Instruct"), make_nodes(2))
+    [v] = [v for v in result.violations if v.rule == "memory-train"]
+    suggestion = next(s for s in v.suggestions if "GPUs" in s)
+    needed = int(suggestion.split("at least ")[1].split(" ")[0])
+    assert plan_job(make_spec(needed, model="Qwen/Qwen2.5-72B-Instruct"), make_nodes(needed // 8)).feasible
+
+
+def test_nvlink_required_sets_group_size() -> None:
+    plan = feasible(
+        plan_job(
+            make_spec(32, model="Qwen/Qwen2.5-72B-Instruct", placement={"nvlink": "required"}), make_nodes(4)
+        )
+    )
+    assert plan.nvlink_group_size == max(plan.rollout.tensor_parallel_size, plan.sequence_parallel_size)
+    preferred = feasible(plan_job(make_spec(32, model="Qwen/Qwen2.5-72B-Instruct"), make_nodes(4)))
+    assert preferred.nvlink_group_size == 1
+
+
+def test_nvlink_clique_spans_nodes() -> None:
+    clique = {"nvidia.com/gpu.clique": "cluster-a.1"}
+    nodes = make_nodes(4, 4, "NVIDIA-GB200", 189471, labels=clique)
+    spec = make_spec(
+        16,
+        model="Qwen/Qwen2.5-72B-Instruct",
+        rollout={"tensorParallelSize": 8},
+        placement={"nvlink": "required"},
+    )
+    plan = feasible(plan_job(spec, nodes))
+    assert plan.nvlink_group_size == 8 and plan.node_pool.nvlink_domain_size == 16
+    no_clique = make_nodes(4, 4, "NVIDIA-GB200", 189471)
+    assert "nvlink-domain" in rules_of(plan_job(spec, no_clique))
+
+
+def test_topology_required_keeps_one_domain() -> None:
+    nodes = make_nodes(2, labels={"rack": "a"}, prefix="a") + make_nodes(1, labels={"rack": "b"}, prefix="b")
+    spec = make_spec(
+        16,
+        model="Qwen/Qwen2.5-1.5B-Instruct",
+        placement={"topologyKey": "rack", "topologyPolicy": "required"},
+    )
+    plan = feasible(plan_job(spec, nodes))
+    assert plan.candidate_nodes == ["a-0", "a-1"]
+    three = make_spec(
+        24,
+        model="Qwen/Qwen2.5-1.5B-Instruct",
+        placement={"topologyKey": "rack", "topologyPolicy": "required"},
+    )
+    assert "not-enough-gpus" in rules_of(plan_job(three, nodes))
