@@ -233,7 +233,7 @@ def build_crd() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of the object."},
             "kind": {"type": "string", "description": "Kind of the object."},
-            "metadata": {"type": "object", "description": "Standard object metadata."},
+            "metadata": {"type": "object"},  # the API server allows nothing more here
             "spec": spec,
             "status": status_schema(),
         },
@@ -273,6 +273,25 @@ def build_crd() -> dict[str, Any]:
     }
 
 
+#: Plain scalars that YAML 1.1 readers (kubectl, Go's yaml.v2) take for booleans; PyYAML does not quote them.
+YAML11_BOOLS = frozenset(
+    {"y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "on", "On", "ON", "off", "Off", "OFF"}
+)
+
+
+class _Dumper(yaml.SafeDumper):
+    """A SafeDumper that quotes YAML 1.1 boolean words (the field ``rollout.n`` must stay the key "n")."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    if value in YAML11_BOOLS:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"')
+    return dumper.represent_str(value)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
 def render_crd() -> str:
     """The CRD as YAML text with the generated-file header (what ``crds/`` holds)."""
-    return HEADER + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+    return HEADER + yaml.dump(build_crd(), Dumper=_Dumper, sort_keys=False, width=100)

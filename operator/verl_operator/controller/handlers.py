@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,16 @@ def validate_job(spec: kopf.Spec, old: kopf.Body | None, gpu_nodes: Any, **_: An
 def probe_jobs(**_: Any) -> int:
     """Liveness detail: VerlJobs queued for a reconcile."""
     return len(RUNTIME.pending)
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """Credentials: the ``--kubeconfig`` file when given, else the pod's ServiceAccount, else ``$KUBECONFIG``."""
+    cfg = current()
+    if cfg.kubeconfig:
+        os.environ["KUBECONFIG"] = cfg.kubeconfig
+        return kopf.login_with_kubeconfig(**kwargs)
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
 @kopf.on.startup()

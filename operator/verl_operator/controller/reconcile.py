@@ -50,6 +50,7 @@ class Snapshot:
     nodes: Sequence[Mapping[str, Any]]
     pod_entries: Sequence[tuple[str, str, int, str | None]]
     reservations: Sequence[tuple[str, tuple[str, ...], int]]
+    live_uids: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -59,9 +60,11 @@ class Reservations:
     decided: dict[str, tuple[tuple[str, ...], int]] = field(default_factory=dict)
 
     def merged(
-        self, indexed: Sequence[tuple[str, tuple[str, ...], int]]
+        self, indexed: Sequence[tuple[str, tuple[str, ...], int]], live_uids: frozenset[str]
     ) -> list[tuple[str, tuple[str, ...], int]]:
-        """Index reservations overridden by this process's newer decisions."""
+        """Index reservations overridden by this process's newer decisions; deleted jobs reserve nothing."""
+        for uid in [u for u in self.decided if u not in live_uids]:
+            del self.decided[uid]
         out = {uid: (nodes, gpn) for uid, nodes, gpn in indexed}
         out.update(self.decided)
         return [(uid, nodes, gpn) for uid, (nodes, gpn) in sorted(out.items())]
@@ -253,7 +256,9 @@ class JobReconciler:
             topology_key=spec.placement.topology_key,
             topology_policy=spec.placement.topology_policy,
         )
-        used = gpus_in_use(snap.pod_entries, self.reservations.merged(snap.reservations), exclude_job_uid=uid)
+        used = gpus_in_use(
+            snap.pod_entries, self.reservations.merged(snap.reservations, snap.live_uids), exclude_job_uid=uid
+        )
         chosen = place(request, capacities, used)
         if not chosen.feasible:
             self._write(

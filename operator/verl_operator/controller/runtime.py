@@ -58,6 +58,7 @@ class Runtime:
             nodes=_values(self.nodes),
             pod_entries=_values(self.pods),
             reservations=[j[2] for j in jobs if j[2] is not None],
+            live_uids=frozenset(j[0] for j in jobs),
         )
 
     async def run(self, reconciler: JobReconciler, resync: float) -> None:
