@@ -120,7 +120,8 @@ def test_best_fit_pool_prefers_smaller_gpus_that_fit() -> None:
 
 
 def test_excluded_nodes_are_reported() -> None:
-    nodes = make_nodes(1) + [
+    nodes = [
+        *make_nodes(1),
         make_node("cordoned", unschedulable=True),
         make_node("cpu", gpus=0, product=None),
     ]

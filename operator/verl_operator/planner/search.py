@@ -27,8 +27,9 @@ from verl_operator.planner.inputs import Fixed, Problem, Settings
 from verl_operator.planner.memory import GIB, Estimate, MemoryInputs, estimate, max_gpu_memory_utilization
 from verl_operator.planner.result import Violation
 
-#: Records the violations of a failed candidate and how far it got.
-Recorder = Callable[[list[Violation], int], None]
+#: Records a failed candidate: a function that builds its violations (called only for the one reported) and
+#: how far the candidate got.
+Recorder = Callable[[Callable[[], list[Violation]], int], None]
 
 #: verl's default train_batch_size; an unpinned batch is the valid value nearest to it.
 DEFAULT_TRAIN_BATCH = 1024
@@ -47,7 +48,7 @@ class Found:
 
 @dataclass(frozen=True)
 class Failed:
-    """No candidate fit: the violations of the most preferred candidate that got furthest."""
+    """No candidate fit: the violations of the nearest miss (the last candidate that got furthest)."""
 
     violations: list[Violation]
     depth: int
@@ -249,6 +250,14 @@ def memory_violations(p: Problem, s: Settings, est: Estimate) -> list[Violation]
     return out
 
 
+def _const(vs: list[Violation]) -> Callable[[], list[Violation]]:
+    return lambda: vs
+
+
+def _memory(p: Problem, s: Settings, est: Estimate, kinds: tuple[str, ...]) -> Callable[[], list[Violation]]:
+    return lambda: [v for v in memory_violations(p, s, est) if v.rule in kinds]
+
+
 def _micro_options(per_gpu: int, pinned: int | None) -> list[int]:
     if pinned is not None:
         return [pinned]
@@ -268,14 +277,14 @@ def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found 
     n = fixed.rollout_n if fixed.rollout_n is not None else algorithm_n
     tb = fixed.train_batch_size if fixed.train_batch_size is not None else default_train_batch(world, n)
     dynamic = bool(fixed.dynamic_batch_size)
-    best = Failed([], -1)
+    best: tuple[Callable[[], list[Violation]], int] = (list, -1)
 
-    def note(vs: list[Violation], depth: int) -> None:
+    def note(vs: Callable[[], list[Violation]], depth: int) -> None:
         # Candidates are tried from most preferred to most memory-saving, so among failures that got equally
         # far, the last one is the nearest miss (largest SP, whole-world sharding, smallest micro-batch).
         nonlocal best
-        if depth >= best.depth:
-            best = Failed(vs, depth)
+        if depth >= best[1]:
+            best = (vs, depth)
 
     for sp in sp_candidates(p, layout, fixed):
         for fsdp in fsdp_candidates(layout, fixed):
@@ -306,12 +315,12 @@ def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found 
                     # An unpinned mini-batch only fails because of another input; report that one.
                     mesh += rules.mini_batch_per_gpu(p, s)
                 if mesh:
-                    note(mesh, 0)
+                    note(_const(mesh), 0)
                     continue
                 found = _search_rest(p, layout, fixed, s, note)
                 if found is not None:
                     return found
-    return best
+    return Failed(best[0](), best[1])
 
 
 def _train_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
@@ -393,22 +402,22 @@ def _search_rest(p: Problem, layout: Layout, fixed: Fixed, s0: Settings, record:
     for s1 in _train_options(p, s0, fixed):
         vs = rules.check(p, s1, train_rules)
         if vs:
-            record(vs, 1)
+            record(_const(vs), 1)
             continue
         est = estimate(_memory_inputs(p, s1, layout.world))
         train_warning = _pinned_overrun(p, "train", train_pinned, est)
         if est.train.peak_bytes > p.gpu_memory_bytes and train_warning is None:
-            record([v for v in memory_violations(p, s1, est) if v.rule == "memory-train"], 2)
+            record(_memory(p, s1, est, ("memory-train",)), 2)
             continue
         for s2 in _log_prob_options(p, s1, fixed):
             vs = rules.check(p, s2, (rules.log_prob_micro_divides, rules.dynamic_token_budget))
             if vs:
-                record(vs, 3)
+                record(_const(vs), 3)
                 continue
             est = estimate(_memory_inputs(p, s2, layout.world))
             lp_warning = _pinned_overrun(p, "log-prob", lp_pinned, est)
             if est.log_prob.peak_bytes > p.gpu_memory_bytes and lp_warning is None:
-                record([v for v in memory_violations(p, s2, est) if v.rule == "memory-log-prob"], 4)
+                record(_memory(p, s2, est, ("memory-log-prob",)), 4)
                 continue
             found = _search_rollout(p, layout, fixed, s2, record)
             if found is None:
@@ -433,7 +442,7 @@ def _search_rollout(p: Problem, layout: Layout, fixed: Fixed, s2: Settings, reco
             ),
         )
         if vs:
-            record(vs, 5)
+            record(_const(vs), 5)
             continue
         gmu = fixed.gpu_memory_utilization
         if gmu is None:
@@ -442,30 +451,27 @@ def _search_rollout(p: Problem, layout: Layout, fixed: Fixed, s2: Settings, reco
                 gmu = 0.05
         s4 = replace(s3, gpu_memory_utilization=gmu)
         est = estimate(_memory_inputs(p, s4, layout.world))
-        vs = [
-            v for v in memory_violations(p, s4, est) if v.rule in ("memory-rollout", "kv-cache-max-model-len")
-        ]
-        if vs:
-            record(vs, 6)
+        if est.rollout.peak_bytes > p.gpu_memory_bytes or est.kv_cache_tokens < (
+            p.max_model_len or p.seq_len
+        ):
+            record(_memory(p, s4, est, ("memory-rollout", "kv-cache-max-model-len")), 6)
             continue
         final = rules.check(p, s4)
         if final:
-            record(final, 7)
+            record(_const(final), 7)
             continue
         return Found(s4, est)
     if not tp_candidates(p, layout, fixed):
-        record(
-            [
-                Violation(
-                    field="spec.rollout.tensorParallelSize",
-                    rule="rollout-tp-heads",
-                    message=(
-                        f"no rollout TP size divides both the model's {p.shape.attention_heads} attention heads "
-                        f"and {layout.world} GPUs within {layout.gpus_per_node} GPUs per node"
-                    ),
-                    suggestions=["use a GPU count whose divisors include a divisor of the head count"],
-                )
-            ],
-            5,
-        )
+        no_tp = [
+            Violation(
+                field="spec.rollout.tensorParallelSize",
+                rule="rollout-tp-heads",
+                message=(
+                    f"no rollout TP size divides both the model's {p.shape.attention_heads} attention heads "
+                    f"and {layout.world} GPUs within {layout.gpus_per_node} GPUs per node"
+                ),
+                suggestions=["use a GPU count whose divisors include a divisor of the head count"],
+            )
+        ]
+        record(_const(no_tp), 5)
     return None
