@@ -17,8 +17,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: venv
-	$(BIN)/verl-operator devcluster up
-	$(BIN)/verl-operator devcluster status
+	$(BIN)/verl-operator demo
 
 lint: venv
 	$(BIN)/ruff check operator launcher tests bench

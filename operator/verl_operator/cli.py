@@ -11,6 +11,10 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "verl_operator.commands.devcluster",
     "verl_operator.commands.plan",
+    "verl_operator.commands.crd",
+    "verl_operator.commands.render",
+    "verl_operator.commands.run",
+    "verl_operator.commands.demo",
 )
 
 
