@@ -118,7 +118,7 @@ def check_independently(spec: Any, plan: dict[str, Any], nodes: list[dict[str, A
     if sp > 1:
         assert ov[f"{ARR}.model.use_remove_padding"] is True
     # The rollout peak does not depend on a pinned micro-batch: it always fits.
-    assert plan["memory"]["rolloutPeakGib"] <= plan["memory"]["gpuMemoryGib"]
+    assert plan["memory"]["rolloutPeakGiB"] <= plan["memory"]["gpuMemoryGiB"]
     # Placement: never more GPUs than the chosen nodes hold.
     alloc = {n["metadata"]["name"]: int(n["status"]["allocatable"]["nvidia.com/gpu"]) for n in nodes}
     assert plan["nnodes"] <= len(plan["candidateNodes"])
@@ -142,7 +142,7 @@ def test_every_accepted_plan_satisfies_every_rule(job: tuple[Any, list[dict[str,
         if not has_pinned_micro:
             mem = data["plan"]["memory"]
             assert (
-                max(mem["rolloutPeakGib"], mem["trainPeakGib"], mem["logProbPeakGib"]) <= mem["gpuMemoryGib"]
+                max(mem["rolloutPeakGiB"], mem["trainPeakGiB"], mem["logProbPeakGiB"]) <= mem["gpuMemoryGiB"]
             )
         check_independently(spec, data["plan"], nodes)
     else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 
@@ -63,17 +63,27 @@ class BatchingPlan(_Frozen):
 class MemoryPhase(_Frozen):
     """One phase's per-GPU estimate: its parts in GiB and the peak (safety factor applied to estimated parts)."""
 
-    peak_gib: float
-    parts_gib: dict[str, float]
+    peak_gib: float = Field(serialization_alias="peakGiB", validation_alias=AliasChoices("peakGiB"))
+    parts_gib: dict[str, float] = Field(
+        serialization_alias="partsGiB", validation_alias=AliasChoices("partsGiB")
+    )
 
 
 class MemoryPlan(_Frozen):
     """Per-GPU memory estimate of the three phases against the GPU's memory."""
 
-    gpu_memory_gib: float
-    rollout_peak_gib: float
-    train_peak_gib: float
-    log_prob_peak_gib: float
+    gpu_memory_gib: float = Field(
+        serialization_alias="gpuMemoryGiB", validation_alias=AliasChoices("gpuMemoryGiB")
+    )
+    rollout_peak_gib: float = Field(
+        serialization_alias="rolloutPeakGiB", validation_alias=AliasChoices("rolloutPeakGiB")
+    )
+    train_peak_gib: float = Field(
+        serialization_alias="trainPeakGiB", validation_alias=AliasChoices("trainPeakGiB")
+    )
+    log_prob_peak_gib: float = Field(
+        serialization_alias="logProbPeakGiB", validation_alias=AliasChoices("logProbPeakGiB")
+    )
     safety_factor: float
     rollout: MemoryPhase
     train: MemoryPhase
