@@ -23,11 +23,13 @@ LABEL_NVLINK_DOMAIN = "verl-operator.io/nvlink-domain-size"
 TOPOLOGY_LABELS: tuple[str, ...] = (
     "topology.kubernetes.io/region",
     "topology.kubernetes.io/zone",
-    "network.topology.kubernetes.io/block",
-    "network.topology.kubernetes.io/spine",
-    "network.topology.kubernetes.io/datacenter",
+    "network.topology.nvidia.com/spine",
+    "network.topology.nvidia.com/leaf",
     "cloud.google.com/gce-topology-block",
     "cloud.google.com/gce-topology-subblock",
+    "topology.k8s.aws/network-node-layer-1",
+    "topology.k8s.aws/network-node-layer-2",
+    "topology.k8s.aws/network-node-layer-3",
 )
 
 #: GPU memory in MiB by product (what the GPU reports), used when ``nvidia.com/gpu.memory`` is absent.
