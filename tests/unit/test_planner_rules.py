@@ -132,6 +132,16 @@ CASES = [
         id="replica-straddles",
     ),
     pytest.param(
+        rules.rollout_expert_parallel, {"rollout_ep": 4}, {"rollout_tp": 4}, None, id="ep-equals-tp"
+    ),
+    pytest.param(
+        rules.rollout_expert_parallel,
+        {"rollout_ep": 8},
+        {"rollout_tp": 4},
+        "rollout-expert-parallel",
+        id="ep-not-tp",
+    ),
+    pytest.param(
         rules.nvlink_groups,
         {"nvlink_required": True, "nvlink_domain": 8},
         {"rollout_tp": 4},

@@ -243,3 +243,32 @@ def test_topology_required_keeps_one_domain() -> None:
         placement={"topologyKey": "rack", "topologyPolicy": "required"},
     )
     assert "not-enough-gpus" in rules_of(plan_job(three, nodes))
+
+
+def test_global_micro_batch_is_converted_or_rejected() -> None:
+    ok = feasible(
+        plan_job(make_spec(8, overrides=["actor_rollout_ref.actor.ppo_micro_batch_size=64"]), make_nodes(1))
+    )
+    assert ok.batching.ppo_micro_batch_size_per_gpu == 64 // 8
+    tiny_spec = make_spec(
+        8,
+        parallelism={"sequenceParallelSize": 1},
+        overrides=["actor_rollout_ref.actor.ppo_micro_batch_size=4"],
+    )
+    tiny = plan_job(tiny_spec, make_nodes(1))
+    assert "micro-batch-global" in rules_of(tiny)
+
+
+def test_nodes_without_cpus_for_the_placement_group_are_skipped() -> None:
+    few_cpus = make_node("small-cpu")
+    few_cpus["status"]["allocatable"]["cpu"] = "16"  # verl needs 3 x 8 + 2 = 26 cores for 8 GPUs
+    result = plan_job(make_spec(8), [few_cpus])
+    assert "not-enough-gpus" in rules_of(result)
+    assert feasible(plan_job(make_spec(4, model="Qwen/Qwen2.5-1.5B-Instruct"), [few_cpus])).gpus_per_node == 4
+
+
+def test_rollout_expert_parallel_sets_tp() -> None:
+    spec = make_spec(
+        8, model="Qwen/Qwen3-30B-A3B", overrides=["actor_rollout_ref.rollout.expert_parallel_size=4"]
+    )
+    assert feasible(plan_job(spec, make_nodes(1))).rollout.tensor_parallel_size == 4

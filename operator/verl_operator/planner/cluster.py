@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.planner.facts import NodeFacts, Taint, normalise_product
+from verl_operator.planner.facts import NodeFacts, Taint, cpu_millicores, normalise_product
 
 #: Taints that GPU pods tolerate by convention (the operator adds these tolerations to its pods).
 TOLERATED_TAINT_KEYS: frozenset[str] = frozenset({"nvidia.com/gpu"})
@@ -124,11 +124,22 @@ def _domains(nodes: Sequence[NodeFacts], spec: VerlJobSpec) -> list[list[NodeFac
     return [by[k] for k in sorted(by, key=lambda k: (-len(by[k]), k))]
 
 
+def cpu_needed(spec: VerlJobSpec, gpus_per_node: int) -> int:
+    """Millicores a node must offer: ``resources.cpuPerNode``, else verl's placement group (3 per GPU) + 2."""
+    if spec.resources.cpu_per_node:
+        parsed = cpu_millicores(spec.resources.cpu_per_node)
+        if parsed is not None:
+            return parsed
+    return (3 * gpus_per_node + 2) * 1000
+
+
 def layouts(pool: Pool, spec: VerlJobSpec, gpus_per_node: int | None) -> list[Layout]:
     """The layouts of ``spec.resources.gpus`` GPUs on a pool, most GPUs per node (fewest nodes) first.
 
     A layout needs ``gpus % gpus_per_node == 0`` and ``gpus / gpus_per_node`` nodes with at least that many
-    GPUs (in one ``topologyKey`` domain when ``topologyPolicy: required``).
+    GPUs and the CPUs of verl's placement group (``cpu_needed``; nodes that do not report CPUs are not
+    filtered), in one ``topologyKey`` domain when ``topologyPolicy: required``. Ray waits forever for a
+    placement group no node can hold, so this is checked here.
 
     Args:
         pool: The pool.
@@ -145,7 +156,10 @@ def layouts(pool: Pool, spec: VerlJobSpec, gpus_per_node: int | None) -> list[La
         if gpus % gpn:
             continue
         nnodes = gpus // gpn
-        fitting = [n for n in pool.nodes if n.gpus >= gpn]
+        cpus = cpu_needed(spec, gpn)
+        fitting = [
+            n for n in pool.nodes if n.gpus >= gpn and (n.cpu_millicores is None or n.cpu_millicores >= cpus)
+        ]
         domains = [d for d in _domains(fitting, spec) if len(d) >= nnodes]
         if not domains:
             continue

@@ -117,6 +117,7 @@ class NodeFacts:
         ready: the Ready condition is True.
         taints: the node's taints.
         topology: the values of the well-known topology labels present on the node.
+        cpu_millicores: allocatable CPU in millicores (None when absent).
     """
 
     name: str
@@ -133,6 +134,7 @@ class NodeFacts:
     ready: bool
     taints: tuple[Taint, ...] = field(default_factory=tuple)
     topology: Mapping[str, str] = field(default_factory=dict)
+    cpu_millicores: int | None = None
 
 
 def normalise_product(product: str) -> str:
@@ -205,6 +207,19 @@ def _quantity_int(raw: Any) -> int:
         return 0
 
 
+def cpu_millicores(raw: Any) -> int | None:
+    """Parse a Kubernetes CPU quantity (``"96"``, ``"95500m"``, ``"1.5"``) into millicores; None if unparsable."""
+    if raw is None:
+        return None
+    text = str(raw).strip()
+    try:
+        if text.endswith("m"):
+            return int(text[:-1])
+        return int(float(text) * 1000)
+    except ValueError:
+        return None
+
+
 def node_facts(node: Mapping[str, Any]) -> NodeFacts:
     """Read the planner's facts from one Kubernetes Node object.
 
@@ -261,4 +276,5 @@ def node_facts(node: Mapping[str, Any]) -> NodeFacts:
         ready=ready,
         taints=taints,
         topology={k: labels[k] for k in TOPOLOGY_LABELS if k in labels},
+        cpu_millicores=cpu_millicores(allocatable.get("cpu")),
     )

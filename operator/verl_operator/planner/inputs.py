@@ -72,6 +72,7 @@ class Problem:
     nvlink_domain: int
     pins: Mapping[str, Pinned] = field(default_factory=dict)
     max_position_embeddings: int | None = None
+    rollout_ep: int | None = None
 
     @property
     def max_positions(self) -> int:

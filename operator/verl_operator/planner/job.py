@@ -363,6 +363,7 @@ def plan_job(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]]) -> PlanResul
                 nvlink_domain=layout.nvlink_domain,
                 pins=pins,
                 max_position_embeddings=r.get_int("max_position_embeddings", reads=True),
+                rollout_ep=ep,
             )
             outcome = search(problem, layout, fixed, group_n)
             if isinstance(outcome, Found):

@@ -425,6 +425,21 @@ def sp_remove_padding(p: Problem, s: Settings) -> list[Violation]:
     ]
 
 
+def rollout_expert_parallel(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 15: rollout expert parallelism > 1 must equal rollout TP x rollout DP (DP is 1 here)."""
+    ep = p.rollout_ep
+    if ep is None or ep <= 1 or ep == s.rollout_tp:
+        return []
+    return [
+        Violation(
+            field="spec.overrides (actor_rollout_ref.rollout.expert_parallel_size)",
+            rule="rollout-expert-parallel",
+            message=f"rollout expert_parallel_size {ep} must equal tensorParallelSize {s.rollout_tp} x rollout DP 1",
+            suggestions=[f"use tensorParallelSize {ep}", "or drop expert_parallel_size"],
+        )
+    ]
+
+
 #: Every arithmetic rule, in the order they are checked (memory is checked by the search with the estimate).
 RULES: tuple[Rule, ...] = (
     batch_divisible_by_world,
@@ -435,6 +450,7 @@ RULES: tuple[Rule, ...] = (
     rollout_tp_divides_world,
     rollout_tp_heads,
     rollout_replica_node,
+    rollout_expert_parallel,
     nvlink_groups,
     max_model_len,
     mini_batch_per_gpu,

@@ -99,6 +99,8 @@ def tp_candidates(p: Problem, layout: Layout, fixed: Fixed) -> list[int]:
     """Rollout TP sizes to try, smallest first."""
     if fixed.rollout_tp is not None:
         return [fixed.rollout_tp]
+    if p.rollout_ep is not None and p.rollout_ep > 1:
+        return [p.rollout_ep]  # verl: EP == TP x DP with rollout DP 1
     gpn, world, heads = layout.gpus_per_node, layout.world, p.shape.attention_heads
     sizes = [d for d in rules.divisors(gpn)] + [gpn * k for k in range(2, layout.nnodes + 1)]
     out = []
@@ -122,9 +124,41 @@ def mini_candidates(tb: int, n: int, dp: int, fixed: Fixed) -> list[int]:
 
 
 def _global_to_per_gpu(global_size: int | None, dp: int) -> int | None:
+    """verl 0.6's conversion of a deprecated global micro-batch: ``global // DP`` (0.9 workers need per-GPU)."""
     if global_size is None:
         return None
-    return global_size // dp if global_size % dp == 0 and global_size >= dp else 0
+    return global_size // dp
+
+
+def global_micro_violations(p: Problem, fixed: Fixed, dp: int) -> list[Violation]:
+    """A deprecated global micro-batch smaller than the data-parallel size leaves 0 sequences per GPU."""
+    out = []
+    for name, value, key in (
+        ("ppo_micro_batch_size_global", fixed.ppo_micro_batch_size_global, "ppo_micro_batch_size_per_gpu"),
+        (
+            "log_prob_micro_batch_size_global",
+            fixed.log_prob_micro_batch_size_global,
+            "log_prob_micro_batch_size_per_gpu",
+        ),
+        (
+            "critic_ppo_micro_batch_size_global",
+            fixed.critic_ppo_micro_batch_size_global,
+            "critic.ppo_micro_batch_size_per_gpu",
+        ),
+    ):
+        if value is not None and value // dp < 1:
+            out.append(
+                Violation(
+                    field=p.source(name, name),
+                    rule="micro-batch-global",
+                    message=(
+                        f"the global micro-batch {value} over {dp} data-parallel ranks is {value} // {dp} = 0 "
+                        f"sequences per GPU"
+                    ),
+                    suggestions=[f"set {key} instead (per GPU), or a global value of at least {dp}"],
+                )
+            )
+    return out
 
 
 def _memory_inputs(p: Problem, s: Settings, world: int) -> MemoryInputs:
@@ -311,6 +345,8 @@ def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found 
             for mini in mini_candidates(tb, n, dp, fixed):
                 s = replace(base, ppo_mini_batch_size=mini)
                 mesh = rules.check(p, s, MESH_RULES)
+                if not s.dynamic_batch_size:
+                    mesh += global_micro_violations(p, fixed, dp)
                 if fixed.ppo_mini_batch_size is not None or not mesh:
                     # An unpinned mini-batch only fails because of another input; report that one.
                     mesh += rules.mini_batch_per_gpu(p, s)
@@ -337,13 +373,11 @@ def _train_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
     per_gpu = s.ppo_mini_batch_size * s.rollout_n // dp
     pinned = fixed.ppo_micro_batch_size_per_gpu
     if pinned is None and fixed.ppo_micro_batch_size_global is not None:
-        pinned = (
-            _global_to_per_gpu(fixed.ppo_micro_batch_size_global, dp) or fixed.ppo_micro_batch_size_global
-        )
+        pinned = _global_to_per_gpu(fixed.ppo_micro_batch_size_global, dp)
     for micro in _micro_options(per_gpu, pinned):
         critic = fixed.critic_ppo_micro_batch_size_per_gpu
         if critic is None and fixed.critic_ppo_micro_batch_size_global is not None:
-            critic = _global_to_per_gpu(fixed.critic_ppo_micro_batch_size_global, dp) or None
+            critic = _global_to_per_gpu(fixed.critic_ppo_micro_batch_size_global, dp)
         yield replace(
             s,
             ppo_micro_batch_size_per_gpu=micro,
@@ -361,10 +395,7 @@ def _log_prob_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Setting
     per_gpu = rules.padded_trajectories(s, p.needs_critic) // dp
     pinned = fixed.log_prob_micro_batch_size_per_gpu
     if pinned is None and fixed.log_prob_micro_batch_size_global is not None:
-        pinned = (
-            _global_to_per_gpu(fixed.log_prob_micro_batch_size_global, dp)
-            or fixed.log_prob_micro_batch_size_global
-        )
+        pinned = _global_to_per_gpu(fixed.log_prob_micro_batch_size_global, dp)
     for micro in _micro_options(per_gpu, pinned):
         yield replace(s, log_prob_micro_batch_size_per_gpu=micro)
 
@@ -438,6 +469,7 @@ def _search_rollout(p: Problem, layout: Layout, fixed: Fixed, s2: Settings, reco
                 rules.rollout_tp_divides_world,
                 rules.rollout_tp_heads,
                 rules.rollout_replica_node,
+                rules.rollout_expert_parallel,
                 rules.nvlink_groups,
             ),
         )
