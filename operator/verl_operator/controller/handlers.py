@@ -80,7 +80,6 @@ def node_event(gpu_nodes: Any, gpu_pods: Any, verl_jobs: Any, **_: Any) -> None:
     RUNTIME.bind(gpu_nodes, gpu_pods, verl_jobs)
 
 
-@kopf.on.validate(GROUP, VERSION, PLURAL, id="verljob", operations=["CREATE", "UPDATE"])  # type: ignore[arg-type]
 def validate_job(spec: kopf.Spec, old: kopf.Body | None, gpu_nodes: Any, **_: Any) -> None:
     """Deny a VerlJob that the API models or the planner reject; the message lists every violation."""
     nodes = [v for store in list(gpu_nodes.values()) for v in list(store)]
@@ -89,6 +88,10 @@ def validate_job(spec: kopf.Spec, old: kopf.Body | None, gpu_nodes: Any, **_: An
     if problems:
         metrics.ADMISSION_DENIALS.inc()
         raise kopf.AdmissionError("VerlJob rejected:\n" + "\n".join(f"- {p}" for p in problems), code=422)
+
+
+if current().webhook_port:  # kopf refuses admission handlers without a webhook server
+    kopf.on.validate(GROUP, VERSION, PLURAL, id="verljob", operations=["CREATE", "UPDATE"])(validate_job)  # type: ignore[arg-type]
 
 
 @kopf.on.probe(id="jobs")

@@ -1,0 +1,479 @@
+"""The operator against the real control plane: one ``verl-operator run`` process for the whole module.
+
+Covers the examples through ``kubectl apply`` (placed, rejected with suggestions), placement on the DGX,
+L40S and GB200 shapes, all-or-nothing placement of two competing jobs, suspend/resume, the backoff restart
+of the whole Ray cluster after a simulated pod failure, TTL cleanup, the deletion cascade, the webhook (a
+direct AdmissionReview round-trip and ``kubectl apply`` through the API server), CEL rules, ``kubectl
+explain`` and the metrics endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from verl_operator.controller.localrun import LocalOperator, install_crd
+from verl_operator.devcluster import DevCluster
+from verl_operator.devcluster.labels import GPU_CLIQUE, PROFILE, RACK, SIMULATE, SIMULATE_EXIT_CODE
+from verl_operator.devcluster.profiles import parse_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "jobs"
+GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
+IMAGE = "ghcr.io/example/verl:0.9.1"
+DGX = {PROFILE: "dgx-h100"}
+T = TypeVar("T")
+
+pytestmark = pytest.mark.timeout(180)
+
+#: Two GB200 NVLink cliques: 3 trays in one, 4 in the other (a 16-GPU job with TP 8 fits only the second).
+TWO_CLIQUES = {
+    "name": "gb200-two-cliques",
+    "nodeGroups": [
+        {
+            "namePrefix": f"gbc{suffix}",
+            "count": count,
+            "gpu": {
+                "product": "NVIDIA-GB200",
+                "count": 4,
+                "memoryMib": 189471,
+                "family": "blackwell",
+                "machine": "GB200-NVL72",
+                "computeMajor": 10,
+                "computeMinor": 0,
+                "clique": f"6b0f2d3e-8c41-4f7a-9e25-1a3c5d7e9b20.{clique}",
+            },
+            "cpu": "144",
+            "memory": "880Gi",
+            "arch": "arm64",
+            "region": "us-central",
+            "zone": "us-central-1c",
+            "racks": [f"nvl72-rack-{clique}"],
+        }
+        for suffix, count, clique in (("a", 3, 7), ("b", 4, 8))
+    ],
+}
+
+
+def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def profiles(devcluster: DevCluster) -> Iterator[None]:
+    """The DGX H100, L40S and two-clique GB200 nodes next to the session's profile."""
+    devcluster.apply_profile("dgx-h100")
+    devcluster.apply_profile("l40s")
+    devcluster.apply_profile(parse_profile(TWO_CLIQUES))
+    yield
+    for name in ("gb200-two-cliques", "l40s", "dgx-h100"):
+        devcluster.remove_profile(name)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    devcluster: DevCluster, profiles: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalOperator]:
+    """One operator process with its own managed webhook, shared by the module."""
+    install_crd(devcluster.kubeconfig)
+    op = LocalOperator(
+        devcluster.kubeconfig,
+        tmp_path_factory.mktemp("operator"),
+        webhook_name=f"pytest-{os.getpid()}.verl-operator.io",
+    )
+    op.start()
+    yield op
+    op.stop()
+    print(op.log_tail(80))
+
+
+class Jobs:
+    """VerlJob helpers bound to one namespace."""
+
+    def __init__(self, kube: client.ApiClient, kubectl: Any, namespace: str) -> None:
+        self.kubectl = kubectl
+        self.ns = namespace
+        self.custom = client.CustomObjectsApi(kube)
+        self.core = client.CoreV1Api(kube)
+
+    def apply(self, manifest: dict[str, Any] | Path) -> Any:
+        if isinstance(manifest, Path):
+            return self.kubectl(["apply", "-n", self.ns, "-f", str(manifest)])
+        return self.kubectl(["apply", "-n", self.ns, "-f", "-"], input=json.dumps(manifest))
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        try:
+            obj: Any = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+            return dict(obj)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict((self.get(name) or {}).get("status") or {})
+
+    def phase(self, name: str) -> str | None:
+        return self.status(name).get("phase")
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 30.0) -> dict[str, Any]:
+        wait_for(
+            lambda: self.phase(name) == phase, f"{name} phase {phase} (now {self.status(name)})", timeout
+        )
+        return self.status(name)
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, {"spec": spec})
+
+    def delete(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+
+    def pods(self, name: str) -> list[client.V1Pod]:
+        items = self.core.list_namespaced_pod(self.ns, label_selector=f"verl-operator.io/job={name}").items
+        return sorted(items, key=lambda p: p.metadata.name)
+
+    def running_pods(self, name: str, count: int) -> list[client.V1Pod]:
+        def probe() -> list[client.V1Pod] | None:
+            pods = [p for p in self.pods(name) if not p.metadata.deletion_timestamp]
+            ok = len(pods) == count and all(p.status.phase == "Running" for p in pods)
+            return pods if ok else None
+
+        return wait_for(probe, f"{count} Running pods of {name}", 30)
+
+    def fail_pod(self, pod: str, exit_code: int = 1) -> None:
+        self.core.patch_namespaced_pod(
+            pod,
+            self.ns,
+            {"metadata": {"annotations": {SIMULATE: "fail", SIMULATE_EXIT_CODE: str(exit_code)}}},
+        )
+
+    def events(self, name: str) -> list[client.CoreV1Event]:
+        uid = (self.get(name) or {}).get("metadata", {}).get("uid")
+        return [e for e in self.core.list_namespaced_event(self.ns).items if e.involved_object.uid == uid]
+
+
+@pytest.fixture
+def jobs(operator: LocalOperator, kube: client.ApiClient, kubectl: Any, namespace: str) -> Iterator[Jobs]:
+    """Helpers for the test's namespace; deletes the test's VerlJobs (and waits for their pods) after it."""
+    helper = Jobs(kube, kubectl, namespace)
+    yield helper
+    for item in helper.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
+        helper.delete(item["metadata"]["name"])
+    wait_for(lambda: not helper.core.list_namespaced_pod(namespace).items or None, "pods gone", 30)
+
+
+def job(name: str, gpus: int, per_node: int, **spec: Any) -> dict[str, Any]:
+    """A VerlJob manifest (JSON-ready) with a small catalog model."""
+    body: dict[str, Any] = {
+        "verl": {"image": IMAGE},
+        "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
+        "data": {"trainBatchSize": 8 * gpus},
+        "rollout": {"n": 4},
+        "resources": {"gpus": gpus, "gpusPerNode": per_node},
+    }
+    for key, value in spec.items():
+        body[key] = {**body[key], **value} if isinstance(body.get(key), dict) else value
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VerlJob", "metadata": {"name": name}, "spec": body}
+
+
+def node_labels(jobs: Jobs, name: str) -> dict[str, str]:
+    return dict(jobs.core.read_node(name).metadata.labels or {})
+
+
+# ---- the examples through kubectl apply ------------------------------------------------------------------
+
+
+def test_example_plans_and_lands_on_two_whole_nodes_of_one_rack(jobs: Jobs) -> None:
+    applied = jobs.apply(EXAMPLES / "grpo-qwen7b-dgx.yaml")
+    assert applied.returncode == 0, applied.stderr
+    status = jobs.wait_phase("grpo-qwen7b", "Running")
+    pods = jobs.running_pods("grpo-qwen7b", 2)
+    nodes = [p.spec.node_name for p in pods]
+    assert len(set(nodes)) == 2
+    racks = {node_labels(jobs, n).get(RACK) for n in nodes}
+    assert len(racks) == 1 and None not in racks, f"nodes {nodes} span racks {racks}"
+    for pod in pods:
+        gpus = pod.spec.containers[0].resources.requests["nvidia.com/gpu"]
+        assert gpus == "8" == jobs.core.read_node(pod.spec.node_name).status.allocatable["nvidia.com/gpu"]
+        assert not pod.spec.scheduling_gates, "pods are released from the gang gate"
+    head = next(p for p in pods if p.metadata.labels["verl-operator.io/role"] == "head")
+    assert head.spec.node_name == status["placement"]["nodes"][0] == status["nodes"].split(",")[0]
+    assert status["mesh"].startswith("dp16 sp1 tp")
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Ready"]["status"] == "True" and conditions["Placed"]["status"] == "True"
+    assert all(c["observedGeneration"] == 1 for c in conditions.values())
+    launch = json.loads(
+        jobs.core.read_namespaced_config_map("grpo-qwen7b-launch", jobs.ns).data["launch.json"]
+    )
+    assert launch["head"]["host"] == f"grpo-qwen7b-head-0.grpo-qwen7b-ray.{jobs.ns}.svc"
+    assert (
+        launch["overrides"] == status["plan"]["overrides"]
+        and "trainer.total_epochs=15" in launch["overrides"]
+    )
+    assert jobs.core.read_namespaced_service("grpo-qwen7b-ray", jobs.ns).spec.cluster_ip == "None"
+    reasons = {e.reason for e in jobs.events("grpo-qwen7b")}
+    assert {"Placed", "PodsCreated", "Running"} <= reasons
+    table = jobs.kubectl(["get", "vj", "-n", jobs.ns]).stdout
+    assert "Running" in table and status["mesh"] in table and status["nodes"] in table
+
+
+def test_rejected_example_prints_the_violation_and_suggestions(jobs: Jobs) -> None:
+    applied = jobs.apply(EXAMPLES / "rejected-batch-size.yaml")
+    assert applied.returncode != 0
+    assert "admission webhook" in applied.stderr
+    assert "spec.data.trainBatchSize" in applied.stderr and "use trainBatchSize 96 or 112" in applied.stderr
+    assert jobs.get("bad-batch") is None
+
+
+def test_l40s_pinned_tp2_with_nvlink_required_is_rejected_with_the_reason(jobs: Jobs) -> None:
+    applied = jobs.apply(EXAMPLES / "l40s-tp2-nvlink.yaml")
+    assert applied.returncode != 0
+    assert "spec.rollout.tensorParallelSize" in applied.stderr and "NVLink" in applied.stderr
+    assert "nvlink: preferred" in applied.stderr
+
+
+def test_gb200_job_stays_inside_one_clique(jobs: Jobs) -> None:
+    manifest = job(
+        "gb200",
+        16,
+        4,
+        model={"path": "Qwen/Qwen2.5-32B-Instruct"},
+        rollout={"n": 4, "tensorParallelSize": 8},
+        resources={"gpuProduct": "NVIDIA-GB200", "nodeSelector": {PROFILE: "gb200-two-cliques"}},
+        placement={"nvlink": "required"},
+    )
+    assert jobs.apply(manifest).returncode == 0
+    status = jobs.wait_phase("gb200", "Running")
+    pods = jobs.running_pods("gb200", 4)
+    cliques = {node_labels(jobs, p.spec.node_name).get(GPU_CLIQUE) for p in pods}
+    assert len(cliques) == 1, f"pods span cliques {cliques}"
+    assert status["placement"]["clique"] == cliques.pop()
+    assert all(p.spec.node_name.startswith("gbc" + "b-") for p in pods), "only the 4-tray clique holds it"
+
+
+def test_two_jobs_exceeding_the_cluster_never_leave_a_half_placed_job(jobs: Jobs) -> None:
+    big = job("big", 24, 8, resources={"nodeSelector": DGX})
+    second = job("second", 16, 8, resources={"nodeSelector": DGX})
+    assert jobs.apply(big).returncode == 0
+    jobs.wait_phase("big", "Running")
+    assert jobs.apply(second).returncode == 0
+    status = jobs.wait_phase("second", "Pending")
+    placed = {c["type"]: c for c in status["conditions"]}["Placed"]
+    assert placed["status"] == "False" and placed["reason"] == "InsufficientCapacity"
+    assert "2 nodes with 8 free GPUs" in placed["message"]
+    for _ in range(8):  # several reconcile passes: never a single pod of the waiting job
+        assert jobs.pods("second") == [] and jobs.phase("second") == "Pending"
+        time.sleep(0.25)
+    jobs.delete("big")
+    jobs.wait_phase("second", "Running")
+    pods = jobs.running_pods("second", 2)
+    assert len({p.spec.node_name for p in pods}) == 2
+
+
+# ---- lifecycle ------------------------------------------------------------------------------------------
+
+
+def test_suspend_deletes_the_pods_and_resume_replans(jobs: Jobs) -> None:
+    assert jobs.apply(job("sus", 8, 8, resources={"nodeSelector": DGX})).returncode == 0
+    jobs.wait_phase("sus", "Running")
+    first = {p.metadata.name for p in jobs.running_pods("sus", 1)}
+    jobs.patch_spec("sus", {"suspend": True})
+    status = jobs.wait_phase("sus", "Suspended")
+    wait_for(lambda: jobs.pods("sus") == [] or None, "pods deleted", 30)
+    assert "placement" not in status and jobs.get("sus") is not None
+    jobs.patch_spec("sus", {"suspend": False})
+    status = jobs.wait_phase("sus", "Running")
+    second = {p.metadata.name for p in jobs.running_pods("sus", 1)}
+    assert second.isdisjoint(first) and status["attempt"] == 1
+    assert jobs.get("sus")["spec"]["suspend"] is False, "the operator never writes spec"
+
+
+def test_failed_pod_restarts_the_whole_ray_cluster_then_backoff_limit_fails_it(jobs: Jobs) -> None:
+    assert jobs.apply(job("boff", 16, 8, resources={"nodeSelector": DGX}, backoffLimit=1)).returncode == 0
+    jobs.wait_phase("boff", "Running")
+    first = jobs.running_pods("boff", 2)
+    worker = next(p for p in first if p.metadata.labels["verl-operator.io/role"] == "worker")
+    jobs.fail_pod(worker.metadata.name, exit_code=11)  # WorkerLost: retryable
+    wait_for(lambda: jobs.status("boff").get("restarts") == 1 or None, "restart 1", 30)
+    jobs.wait_phase("boff", "Running")
+    second = jobs.running_pods("boff", 2)
+    assert {p.metadata.labels["verl-operator.io/attempt"] for p in second} == {"1"}
+    assert {p.metadata.name for p in second}.isdisjoint({p.metadata.name for p in first})
+    env = {e.name: e.value for e in second[0].spec.containers[0].env}
+    assert env["VERL_OPERATOR_ATTEMPT"] == "1"
+    assert "Restarting" in {e.reason for e in jobs.events("boff")}
+    jobs.fail_pod(second[0].metadata.name, exit_code=10)
+    status = jobs.wait_phase("boff", "Failed")
+    assert status["reason"] == "BackoffLimitExceeded" and status["restarts"] == 1
+    assert {c["type"]: c for c in status["conditions"]}["Failed"]["status"] == "True"
+    wait_for(
+        lambda: (
+            all(p.status.phase == "Failed" or p.metadata.deletion_timestamp for p in jobs.pods("boff"))
+            or None
+        ),
+        "no live pod after the failure",
+    )
+
+
+def test_topology_mismatch_is_not_retried(jobs: Jobs) -> None:
+    assert jobs.apply(job("topo", 8, 8, resources={"nodeSelector": DGX}, backoffLimit=3)).returncode == 0
+    jobs.wait_phase("topo", "Running")
+    jobs.fail_pod(jobs.running_pods("topo", 1)[0].metadata.name, exit_code=12)
+    status = jobs.wait_phase("topo", "Failed")
+    assert status["reason"] == "TopologyMismatch" and status.get("restarts", 0) == 0
+
+
+def test_ttl_deletes_the_finished_job_and_its_children(jobs: Jobs) -> None:
+    manifest = job("ttl", 8, 8, resources={"nodeSelector": DGX}, ttlSecondsAfterFinished=1)
+    assert jobs.apply(manifest).returncode == 0
+    jobs.wait_phase("ttl", "Running")
+    jobs.fail_pod(jobs.running_pods("ttl", 1)[0].metadata.name)
+    jobs.wait_phase("ttl", "Failed")
+    wait_for(lambda: jobs.get("ttl") is None or None, "the job deleted by its TTL", 20)
+    wait_for(lambda: jobs.pods("ttl") == [] or None, "children garbage-collected", 30)
+
+
+def test_deleting_the_job_cascades_to_every_child(jobs: Jobs) -> None:
+    assert jobs.apply(job("gone", 16, 8, resources={"nodeSelector": DGX})).returncode == 0
+    jobs.wait_phase("gone", "Running")
+    jobs.running_pods("gone", 2)
+    for pod in jobs.pods("gone"):
+        refs = pod.metadata.owner_references
+        assert refs[0].kind == "VerlJob" and refs[0].controller is True
+    assert not (jobs.get("gone") or {})["metadata"].get("finalizers"), "no finalizer is needed"
+    jobs.delete("gone")
+
+    def children_gone() -> bool:
+        cms = jobs.core.list_namespaced_config_map(jobs.ns, label_selector="verl-operator.io/job=gone").items
+        svcs = jobs.core.list_namespaced_service(jobs.ns, label_selector="verl-operator.io/job=gone").items
+        return not cms and not svcs and not jobs.pods("gone")
+
+    wait_for(children_gone, "ConfigMap, Service and pods garbage-collected", 30)
+
+
+# ---- admission, CRD -------------------------------------------------------------------------------------
+
+
+def admission_review(namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "0b5c9e1a-1111-2222-3333-444455556666",
+            "kind": {"group": GROUP, "version": VERSION, "kind": "VerlJob"},
+            "resource": {"group": GROUP, "version": VERSION, "resource": PLURAL},
+            "requestKind": {"group": GROUP, "version": VERSION, "kind": "VerlJob"},
+            "requestResource": {"group": GROUP, "version": VERSION, "resource": PLURAL},
+            "name": manifest["metadata"]["name"],
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": "pytest"},
+            "object": {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}},
+            "oldObject": None,
+            "dryRun": False,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("manifest", "allowed", "fragment"),
+    [
+        pytest.param(job("ok", 16, 8), True, None, id="valid"),
+        pytest.param(
+            job("odd", 16, 8, data={"trainBatchSize": 100}, rollout={"n": 1}),
+            False,
+            "use trainBatchSize 96 or 112",
+            id="batch-not-divisible",
+        ),
+        pytest.param(job("typo", 16, 8, rollout={"nn": 2}), False, "spec.rollout.nn", id="unknown-field"),
+    ],
+)
+def test_webhook_admission_review_round_trip(
+    operator: LocalOperator, namespace: str, manifest: dict[str, Any], allowed: bool, fragment: str | None
+) -> None:
+    ctx = ssl.create_default_context(cafile=str(operator.ca_path))
+    request = urllib.request.Request(
+        f"https://127.0.0.1:{operator.webhook_port}/verljob",
+        data=json.dumps(admission_review(namespace, manifest)).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, context=ctx, timeout=10) as rsp:
+        review = json.loads(rsp.read())
+    response = review["response"]
+    assert review["kind"] == "AdmissionReview" and response["uid"] == "0b5c9e1a-1111-2222-3333-444455556666"
+    assert response["allowed"] is allowed
+    if fragment is not None:
+        assert fragment in response["status"]["message"]
+
+
+def test_cel_rule_rejects_in_the_api_server(jobs: Jobs) -> None:
+    applied = jobs.apply(job("cel", 8, 3))
+    assert applied.returncode != 0
+    assert "spec.resources.gpusPerNode must divide spec.resources.gpus" in applied.stderr
+    spmd = job("spmd", 8, 8, rollout={"n": 4, "mode": "spmd"})
+    applied = jobs.apply(spmd)
+    assert applied.returncode != 0 and "spmd exists only with spec.verl.version 0.6" in applied.stderr
+
+
+def test_kubectl_explain_describes_fields(jobs: Jobs) -> None:
+    explained = jobs.kubectl(["explain", "verljob.spec.rollout"])
+    assert explained.returncode == 0, explained.stderr
+    assert "tensorParallelSize" in explained.stdout and "vLLM tensor parallel size" in explained.stdout
+
+
+def test_metrics_endpoint(operator: LocalOperator, jobs: Jobs) -> None:
+    assert jobs.apply(job("metrics", 8, 8, resources={"nodeSelector": DGX})).returncode == 0
+    jobs.wait_phase("metrics", "Running")
+
+    def gauge_shows_it() -> str | None:
+        text = operator.metrics()
+        return text if 'verl_operator_jobs{phase="Running"} 1.0' in text else None
+
+    text = wait_for(gauge_shows_it, "the Running job in the jobs-by-phase gauge", 10)
+    count = next(
+        line for line in text.splitlines() if line.startswith("verl_operator_planning_seconds_count")
+    )
+    assert float(count.split()[-1]) >= 1
+    assert "verl_operator_reconcile_errors_total" in text
+
+
+def test_render_matches_what_the_operator_creates(jobs: Jobs, tmp_path: Path) -> None:
+    """``verl-operator render`` prints the pods the operator creates (same names, GPUs, argv)."""
+    from verl_operator.commands.render import render
+
+    manifest = job("rend", 8, 8, resources={"nodeSelector": DGX})
+    assert jobs.apply(manifest).returncode == 0
+    jobs.wait_phase("rend", "Running")
+    live = jobs.running_pods("rend", 1)[0]
+    nodes = [client.ApiClient().sanitize_for_serialization(n) for n in jobs.core.list_node().items]
+    rendered = render({**manifest, "metadata": {"name": "rend", "namespace": jobs.ns}}, nodes)
+    pod = next(c for c in rendered if c["kind"] == "Pod")
+    assert pod["metadata"]["name"] == live.metadata.name
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == live.spec.containers[0].command == ["verl-launcher", "head"]
+    assert (
+        container["resources"]["requests"]["nvidia.com/gpu"]
+        == live.spec.containers[0].resources.requests["nvidia.com/gpu"]
+    )
+    assert yaml.safe_dump(rendered)  # serialisable as the CLI prints it
