@@ -294,3 +294,9 @@ def test_micro_suggestions_are_divisors() -> None:
 )
 def test_nearest(value: int, ok: Any, expected: list[int]) -> None:
     assert rules.nearest(value, ok) == expected
+
+
+def test_nvlink_suggestion_is_the_largest_group_that_fits() -> None:
+    [v] = rules.nvlink_groups(problem(nvlink_required=True, nvlink_domain=4), settings(rollout_tp=8))
+    assert v.suggestions[0] == "use rollout tensorParallelSize 4"
+    assert "NVLink domain of 4 GPUs" in v.message

@@ -272,3 +272,9 @@ def test_rollout_expert_parallel_sets_tp() -> None:
         8, model="Qwen/Qwen3-30B-A3B", overrides=["actor_rollout_ref.rollout.expert_parallel_size=4"]
     )
     assert feasible(plan_job(spec, make_nodes(1))).rollout.tensor_parallel_size == 4
+
+
+def test_unknown_gpu_memory_asks_for_the_label() -> None:
+    result = plan_job(make_spec(8), [make_node("odd", product="Mystery-GPU", memory_mib=None)])
+    [v] = result.violations
+    assert v.rule == "no-eligible-nodes" and "nvidia.com/gpu.memory" in v.message

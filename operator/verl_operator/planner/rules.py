@@ -236,7 +236,7 @@ def nvlink_groups(p: Problem, s: Settings) -> list[Violation]:
                     f"needs groups inside one domain)"
                 ),
                 suggestions=[
-                    f"use {label} {_or(d for d in divisors(dom) if d <= size)[-1:] or '1'}",
+                    f"use {label} {max(d for d in divisors(dom) if d <= size)}",
                     "or set spec.placement.nvlink: preferred",
                 ],
             )
@@ -311,9 +311,7 @@ def micro_divides_mini(p: Problem, s: Settings) -> list[Violation]:
                 f"per-GPU mini-batch {s.ppo_mini_batch_size} x {s.rollout_n} / {s.data_parallel_size} = {per_gpu} "
                 f"is not a multiple of ppoMicroBatchSizePerGpu {micro}"
             ),
-            suggestions=[
-                f"use ppoMicroBatchSizePerGpu {_or(d for d in divisors(max(per_gpu, 1)) if d in nearest(micro, lambda v: per_gpu % v == 0))}"
-            ],
+            suggestions=[f"use ppoMicroBatchSizePerGpu {_or(nearest(micro, lambda v: per_gpu % v == 0))}"],
         )
     ]
 

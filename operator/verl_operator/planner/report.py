@@ -1,0 +1,175 @@
+"""Assemble the plan (derived numbers, memory parts, override list) from the search's answer."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from verl_operator.planner import dialect, rules
+from verl_operator.planner.cluster import Layout, Pool
+from verl_operator.planner.inputs import Problem
+from verl_operator.planner.memory import GIB, SAFETY_FACTOR, Phase
+from verl_operator.planner.overrides import Override, Value
+from verl_operator.planner.result import (
+    BatchingPlan,
+    MemoryPhase,
+    MemoryPlan,
+    NodePoolPlan,
+    PaddingPlan,
+    Plan,
+    PlanResult,
+    RolloutPlan,
+)
+from verl_operator.planner.search import Found
+
+
+def _files(value: Value | None) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def build_result(
+    p: Problem,
+    layout: Layout,
+    pool: Pool,
+    excluded: dict[str, str],
+    found: Found,
+    passthrough: Sequence[Override],
+    adv: str,
+    model_path: str,
+) -> PlanResult:
+    """The feasible result: the plan with derived numbers, warnings and the full override list.
+
+    Args:
+        p: The job's facts on the chosen pool.
+        layout: The chosen layout.
+        pool: The chosen pool.
+        excluded: Nodes left out, with reasons.
+        found: The search's settings and estimate.
+        passthrough: User overrides the planner does not own.
+        adv: ``algorithm.adv_estimator``.
+        model_path: The model path.
+    """
+    s, est = found.settings, found.estimate
+    dp = s.data_parallel_size
+    warnings: list[str] = list(found.warnings)
+    replicas = s.world // s.rollout_tp
+    padded = rules.padded_trajectories(s, p.needs_critic)
+    waste = padded - s.trajectories
+    if waste and p.version != "0.6":
+        warnings.append(
+            f"verl pads {s.trajectories} trajectories to {padded} per step ({waste} zero-weight samples)"
+        )
+    seqs_per_replica = s.trajectories / replicas
+    if seqs_per_replica * p.seq_len > est.kv_cache_tokens:
+        warnings.append(
+            f"each vLLM replica gets {seqs_per_replica:.0f} sequences of up to {p.seq_len} tokens but its KV cache "
+            f"holds {est.kv_cache_tokens} tokens: vLLM will run them in waves"
+        )
+    if s.train_batch_size % s.ppo_mini_batch_size:
+        warnings.append(
+            f"trainBatchSize {s.train_batch_size} is not a multiple of ppoMiniBatchSize {s.ppo_mini_batch_size}"
+        )
+    per_gpu_mini = s.ppo_mini_batch_size * s.rollout_n // dp
+    lp_per_gpu = (padded if p.version != "0.6" else s.trajectories) // dp
+    micro = s.ppo_micro_batch_size_per_gpu
+    lp_micro = s.log_prob_micro_batch_size_per_gpu
+    overrides = dialect.emit(
+        dialect.Emitted(
+            version=p.version,
+            model_path=model_path,
+            adv_estimator=adv,
+            train_files=_files(p.pins["train_files"].value) if "train_files" in p.pins else None,
+            val_files=_files(p.pins["val_files"].value) if "val_files" in p.pins else None,
+            train_batch_size=s.train_batch_size,
+            max_prompt_length=p.max_prompt_length,
+            max_response_length=p.max_response_length,
+            nnodes=s.nnodes,
+            gpus_per_node=s.gpus_per_node,
+            rollout_n=s.rollout_n,
+            rollout_tp=s.rollout_tp,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            max_model_len=p.max_model_len,
+            sequence_parallel_size=s.sequence_parallel_size,
+            fsdp_size=s.fsdp_size,
+            ppo_mini_batch_size=s.ppo_mini_batch_size,
+            ppo_micro_batch_size_per_gpu=micro,
+            log_prob_micro_batch_size_per_gpu=lp_micro,
+            dynamic_batch_size=s.dynamic_batch_size,
+            max_token_len_per_gpu=s.max_token_len_per_gpu,
+            log_prob_max_token_len_per_gpu=s.log_prob_max_token_len_per_gpu,
+            param_offload=s.param_offload,
+            optimizer_offload=s.optimizer_offload,
+            critic=p.needs_critic,
+            critic_ppo_micro_batch_size_per_gpu=s.critic_ppo_micro_batch_size_per_gpu,
+        ),
+        passthrough,
+    )
+    gpu_gib = p.gpu_memory_bytes / GIB
+
+    def phase(ph: Phase) -> MemoryPhase:
+        return MemoryPhase(peak_gib=round(ph.peak_bytes / GIB, 2), parts_gib=ph.parts_gib())
+
+    plan = Plan(
+        verl_version=p.version,
+        nodes=list(layout.candidates[: layout.nnodes]),
+        nnodes=layout.nnodes,
+        gpus_per_node=layout.gpus_per_node,
+        candidate_nodes=list(layout.candidates),
+        nvlink_group_size=max(s.rollout_tp, s.sequence_parallel_size) if p.nvlink_required else 1,
+        world_size=s.world,
+        data_parallel_size=dp,
+        sequence_parallel_size=s.sequence_parallel_size,
+        fsdp_size=s.fsdp_size,
+        rollout=RolloutPlan(
+            mode=dialect.rollout_mode_value(p.version),
+            tensor_parallel_size=s.rollout_tp,
+            replicas=replicas,
+            prompts_per_replica=round(s.train_batch_size / replicas, 2),
+            sequences_per_replica=round(seqs_per_replica, 2),
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            max_model_len=p.max_model_len or p.seq_len,
+            kv_cache_tokens_per_replica=est.kv_cache_tokens,
+        ),
+        batching=BatchingPlan(
+            train_batch_size=s.train_batch_size,
+            rollout_n=s.rollout_n,
+            trajectories_per_step=s.trajectories,
+            ppo_mini_batch_size=s.ppo_mini_batch_size,
+            mini_batch_per_gpu=per_gpu_mini,
+            ppo_micro_batch_size_per_gpu=micro,
+            gradient_accumulation_steps=per_gpu_mini // micro if micro else None,
+            log_prob_micro_batch_size_per_gpu=lp_micro,
+            log_prob_passes_per_gpu=math.ceil(lp_per_gpu / lp_micro) if lp_micro else None,
+            dynamic_batch_size=s.dynamic_batch_size,
+            max_token_len_per_gpu=s.max_token_len_per_gpu,
+            log_prob_max_token_len_per_gpu=s.log_prob_max_token_len_per_gpu,
+            mini_batches_per_step=math.ceil(s.train_batch_size / s.ppo_mini_batch_size),
+        ),
+        memory=MemoryPlan(
+            gpu_memory_gib=round(gpu_gib, 2),
+            rollout_peak_gib=round(est.rollout.peak_bytes / GIB, 2),
+            train_peak_gib=round(est.train.peak_bytes / GIB, 2),
+            log_prob_peak_gib=round(est.log_prob.peak_bytes / GIB, 2),
+            safety_factor=SAFETY_FACTOR,
+            rollout=phase(est.rollout),
+            train=phase(est.train),
+            log_prob=phase(est.log_prob),
+        ),
+        padding=PaddingPlan(
+            padded_trajectories=waste if p.version != "0.6" else 0,
+            waste_fraction=round(waste / padded, 4) if padded and p.version != "0.6" else 0.0,
+        ),
+        node_pool=NodePoolPlan(
+            gpu_product=pool.product,
+            gpu_memory_mib=pool.memory_mib,
+            nvlink_domain_size=layout.nvlink_domain,
+            eligible_nodes=len(pool.nodes),
+            excluded=dict(sorted(excluded.items())),
+        ),
+        overrides=overrides,
+    )
+    return PlanResult(feasible=True, violations=[], warnings=warnings, plan=plan)
