@@ -1,0 +1,155 @@
+"""Parse the step metrics verl prints and keep a small progress record.
+
+verl's console logger (``verl/utils/logger/aggregate_logger.py``) prints one line per step::
+
+    step:3 - timing_s/gen:1.52 - perf/throughput:812.4 - critic/score/mean:0.25
+
+built as ``" - ".join(["step:<n>", *(f"{key}:{pprint.pformat(value)}")])`` for numeric values. Run inside a
+Ray actor, the line reaches the driver's stdout behind a prefix such as ``(TaskRunner pid=123)``, possibly
+with ANSI colours; with numpy 2 a value may read ``np.float64(0.5)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RAY_PREFIX = re.compile(r"^\s*\([^()]*\)\s*")
+_STEP = re.compile(r"^step:(\d+)(?:\s+-\s+|\s*$)")
+_WRAPPED = re.compile(r"^[A-Za-z_][\w.]*\((.*)\)$")
+_TOTAL = re.compile(r"Total training steps:\s*(\d+)")
+
+#: The metrics copied into the concise progress record, with their short names.
+HEADLINE_METRICS: dict[str, str] = {
+    "perf/throughput": "throughput",
+    "timing_s/step": "stepSeconds",
+    "training/epoch": "epoch",
+    "critic/score/mean": "scoreMean",
+    "response_length/mean": "responseLengthMean",
+    "actor/pg_loss": "pgLoss",
+}
+
+
+def _number(text: str) -> float | int | None:
+    text = text.strip()
+    wrapped = _WRAPPED.match(text)
+    if wrapped:
+        text = wrapped.group(1).strip()
+    if text in ("True", "False"):
+        return int(text == "True")
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_step_line(line: str) -> tuple[int, dict[str, float | int]] | None:
+    """Parse one line of verl output.
+
+    Args:
+        line: A line as printed (ANSI colours and a Ray ``(Actor pid=..)`` prefix are tolerated).
+
+    Returns:
+        ``(step, metrics)`` for a metric line, None for any other line. Values that are not numbers are
+        left out.
+    """
+    text = _RAY_PREFIX.sub("", _ANSI.sub("", line).strip(), count=1)
+    match = _STEP.match(text)
+    if not match:
+        return None
+    metrics: dict[str, float | int] = {}
+    for part in text[match.end() :].split(" - "):
+        key, sep, value = part.rpartition(":")
+        if not sep or not key.strip():
+            continue
+        number = _number(value)
+        if number is not None:
+            metrics[key.strip()] = number
+    return int(match.group(1)), metrics
+
+
+def parse_total_steps(line: str) -> int | None:
+    """The total from verl's ``Total training steps: N`` line, None for other lines."""
+    match = _TOTAL.search(_ANSI.sub("", line))
+    return int(match.group(1)) if match else None
+
+
+def _finite(value: float | int) -> float | int | None:
+    return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
+@dataclass
+class ProgressTracker:
+    """Keeps the latest step's metrics and writes them to a JSON file (atomically).
+
+    Attributes:
+        path: The progress file (``/tmp/verl-progress.json`` by default), or None to keep it in memory.
+        step: The latest step seen (0 before the first).
+        total_steps: From verl's ``Total training steps`` line, when seen.
+        metrics: The latest step's numeric metrics.
+    """
+
+    path: Path | None = None
+    step: int = 0
+    total_steps: int | None = None
+    metrics: dict[str, float | int] = field(default_factory=dict)
+    updated_at: float = 0.0
+
+    def feed(self, line: str) -> dict[str, Any] | None:
+        """Consume one line of verl output.
+
+        Args:
+            line: The line.
+
+        Returns:
+            The concise record when the line was a step line (print it as ``VERL_PROGRESS <json>``), else None.
+        """
+        total = parse_total_steps(line)
+        if total is not None:
+            self.total_steps = total
+            self._write()
+            return None
+        parsed = parse_step_line(line)
+        if parsed is None:
+            return None
+        self.step, self.metrics = parsed
+        self.updated_at = time.time()
+        self._write()
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        """The concise record: step, totalSteps and the headline metrics (non-finite values as null)."""
+        record: dict[str, Any] = {"step": self.step, "totalSteps": self.total_steps}
+        for key, short in HEADLINE_METRICS.items():
+            if key in self.metrics:
+                record[short] = _finite(self.metrics[key])
+        return record
+
+    def document(self) -> dict[str, Any]:
+        """The progress file's content: the summary plus every metric of the latest step."""
+        return {
+            **self.summary(),
+            "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.updated_at or time.time())),
+            "metrics": {k: _finite(v) for k, v in sorted(self.metrics.items())},
+        }
+
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".verl-progress-")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(self.document(), handle, allow_nan=False)
+        os.replace(tmp, self.path)

@@ -1,0 +1,86 @@
+"""The command line and environment verl is started with (pure functions; the fidelity tier calls them)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from verl_launcher.spec import LaunchSpec
+
+#: Variables verl's PPO entrypoint puts in its Ray runtime env (trainer/constants_ppo.py), set here too so the
+#: driver process and the Ray nodes agree; a value already in the pod's environment always wins.
+VERL_RECOMMENDED_ENV: dict[str, str] = {
+    "TOKENIZERS_PARALLELISM": "true",
+    "NCCL_DEBUG": "WARN",
+    "VLLM_LOGGING_LEVEL": "WARN",
+    # verl's metric lines must reach the launcher as they are printed, not when a buffer fills.
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def override_key(override: str) -> str:
+    """The config key a Hydra override sets (``++trainer.x=1`` -> ``trainer.x``, ``~a.b`` -> ``a.b``)."""
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def resume_requested(spec: LaunchSpec, attempt: int) -> bool:
+    """True when verl must resume: a restart (``attempt > 0``) or ``checkpoint.resume``."""
+    return attempt > 0 or spec.checkpoint.resume
+
+
+def build_argv(spec: LaunchSpec, attempt: int) -> list[str]:
+    """verl's argv: ``entrypoint + overrides`` plus the checkpoint overrides the user did not set.
+
+    ``trainer.default_local_dir=<checkpoint.dir>`` is added whenever ``checkpoint.dir`` is set (attempt 0 must
+    save where a restart will look); ``trainer.resume_mode=auto`` is added when resuming (see
+    :func:`resume_requested`). An override the user wrote for either key is kept as written.
+
+    Args:
+        spec: The launch spec.
+        attempt: ``VERL_OPERATOR_ATTEMPT`` (0-based restart count).
+
+    Returns:
+        The argv list (never passed through a shell).
+
+    Raises:
+        ValueError: ``attempt`` is negative.
+    """
+    if attempt < 0:
+        raise ValueError(f"attempt must be >= 0, got {attempt}")
+    argv = [*spec.entrypoint, *spec.overrides]
+    user_keys = {override_key(o) for o in spec.overrides}
+    if spec.checkpoint.dir and "trainer.default_local_dir" not in user_keys:
+        argv.append(f"trainer.default_local_dir={spec.checkpoint.dir}")
+    if resume_requested(spec, attempt) and "trainer.resume_mode" not in user_keys:
+        argv.append("trainer.resume_mode=auto")
+    return argv
+
+
+def ray_address(spec: LaunchSpec) -> str:
+    """The Ray GCS address every process of the job uses (``head.host:head.port``)."""
+    return f"{spec.head.host}:{spec.head.port}"
+
+
+def build_env(
+    spec: LaunchSpec, base_env: Mapping[str, str], *, with_ray_address: bool = True
+) -> dict[str, str]:
+    """The environment verl (and the Ray node processes) run with.
+
+    Order of precedence: the pod's environment (``base_env``) first, then the spec's ``env``, then verl's
+    recommended variables and ``RAY_ADDRESS``. Nothing already set is overridden.
+
+    Args:
+        spec: The launch spec.
+        base_env: The launcher's own environment.
+        with_ray_address: Add ``RAY_ADDRESS`` (verl's ``ray.init()`` joins the job's cluster through it).
+
+    Returns:
+        A new dict.
+    """
+    env = dict(base_env)
+    for name, value in spec.env.items():
+        env.setdefault(name, value)
+    for name, value in VERL_RECOMMENDED_ENV.items():
+        env.setdefault(name, value)
+    if with_ray_address:
+        env.setdefault("RAY_ADDRESS", ray_address(spec))
+    return env
