@@ -122,3 +122,17 @@ def test_format_value_round_trips(value: Any) -> None:
 def test_files_are_emitted_from_the_spec() -> None:
     out = overrides("0.9", data={"trainFiles": ["/data/train.parquet"], "valFiles": ["/data/test.parquet"]})
     assert parse_override("k=" + out["data.train_files"]).value == ["/data/train.parquet"]
+
+
+@pytest.mark.parametrize(
+    ("version", "response", "batched"),
+    [
+        pytest.param("0.6", 1024, "8192", id="0.6-short"),
+        pytest.param("0.6", 16384, "16896", id="0.6-long-raised"),
+        pytest.param("0.9", 16384, "8192", id="0.9-long-chunked"),
+    ],
+)
+def test_max_model_len_and_batched_tokens(version: str, response: int, batched: str) -> None:
+    out = overrides(version, data={"maxPromptLength": 512, "maxResponseLength": response})
+    assert out[f"{ARR}.rollout.max_model_len"] == str(512 + response)
+    assert out[f"{ARR}.rollout.max_num_batched_tokens"] == batched

@@ -132,6 +132,27 @@ CASES = [
         id="replica-straddles",
     ),
     pytest.param(
+        rules.batched_tokens_cover_model_len,
+        {"version": "0.6", "max_num_batched_tokens": 8192},
+        {},
+        None,
+        id="batched-tokens-ok",
+    ),
+    pytest.param(
+        rules.batched_tokens_cover_model_len,
+        {"version": "0.6", "max_num_batched_tokens": 8192, "max_response_length": 16384},
+        {},
+        "batched-tokens-model-len",
+        id="batched-tokens-below-model-len-0.6",
+    ),
+    pytest.param(
+        rules.batched_tokens_cover_model_len,
+        {"version": "0.9", "max_num_batched_tokens": 8192, "max_response_length": 16384},
+        {},
+        None,
+        id="batched-tokens-0.9-chunks",
+    ),
+    pytest.param(
         rules.rollout_expert_parallel, {"rollout_ep": 4}, {"rollout_tp": 4}, None, id="ep-equals-tp"
     ),
     pytest.param(

@@ -8,7 +8,10 @@ releases); the output uses the target version's spelling:
 - 0.9 (server rollout): ``rollout.mode=async`` (``sync`` raises), ``rollout.name=vllm`` (no default), SP in
   ``actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size`` (and the ref's ``fsdp_config``), the
   ``_per_gpu`` micro-batch forms only (global forms are no longer converted).
-Both: ``use_remove_padding=True`` when SP > 1, log-prob dynamic batch size equal to the actor's.
+Both: ``use_remove_padding=True`` when SP > 1, log-prob dynamic batch size equal to the actor's,
+``rollout.max_model_len`` = prompt + response unless pinned (0.9 would otherwise use the model's full
+``max_position_embeddings``, whose KV cache may not fit), and ``rollout.max_num_batched_tokens`` at least
+``max_model_len`` in 0.6 (its SPMD rollout rejects less with chunked prefill on).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ INPUT_KEYS: dict[str, str] = {
     f"{ARR}.rollout.tensor_model_parallel_size": "rollout_tp",
     f"{ARR}.rollout.gpu_memory_utilization": "gpu_memory_utilization",
     f"{ARR}.rollout.max_model_len": "max_model_len",
+    f"{ARR}.rollout.max_num_batched_tokens": "max_num_batched_tokens",
     f"{ARR}.actor.ulysses_sequence_parallel_size": "sequence_parallel_size",
     f"{ARR}.actor.fsdp_config.ulysses_sequence_parallel_size": "sequence_parallel_size",
     f"{ARR}.ref.ulysses_sequence_parallel_size": "sequence_parallel_size",
@@ -75,7 +79,7 @@ READ_KEYS: dict[str, str] = {
     f"{ARR}.actor.strategy": "actor_strategy",
     "critic.strategy": "critic_strategy",
     "critic.enable": "critic_enable",
-    f"{ARR}.rollout.max_num_batched_tokens": "max_num_batched_tokens",
+    f"{ARR}.rollout.enable_chunked_prefill": "enable_chunked_prefill",
     f"{ARR}.rollout.max_num_seqs": "max_num_seqs",
     f"{ARR}.rollout.expert_parallel_size": "rollout_ep",
     f"{ARR}.rollout.pipeline_model_parallel_size": "rollout_pp",
@@ -135,7 +139,8 @@ class Emitted:
     rollout_n: int
     rollout_tp: int
     gpu_memory_utilization: float
-    max_model_len: int | None
+    max_model_len: int
+    max_num_batched_tokens: int
     sequence_parallel_size: int
     fsdp_size: int
     ppo_mini_batch_size: int
@@ -178,8 +183,8 @@ def emit(planned: Emitted, passthrough: Sequence[Override]) -> list[str]:
         (f"{ARR}.rollout.tensor_model_parallel_size", planned.rollout_tp),
         (f"{ARR}.rollout.gpu_memory_utilization", planned.gpu_memory_utilization),
     ]
-    if planned.max_model_len is not None:
-        out.append((f"{ARR}.rollout.max_model_len", planned.max_model_len))
+    out.append((f"{ARR}.rollout.max_model_len", planned.max_model_len))
+    out.append((f"{ARR}.rollout.max_num_batched_tokens", planned.max_num_batched_tokens))
     out += [(k, planned.sequence_parallel_size) for k in sp_keys(v)]
     if planned.sequence_parallel_size > 1:
         out.append((f"{ARR}.model.use_remove_padding", True))

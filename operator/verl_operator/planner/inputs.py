@@ -73,6 +73,12 @@ class Problem:
     pins: Mapping[str, Pinned] = field(default_factory=dict)
     max_position_embeddings: int | None = None
     rollout_ep: int | None = None
+    chunked_prefill: bool = True
+
+    @property
+    def model_len(self) -> int:
+        """vLLM's ``max_model_len``: pinned, else prompt + response (what the planner emits)."""
+        return self.max_model_len if self.max_model_len is not None else self.seq_len
 
     @property
     def max_positions(self) -> int:

@@ -92,7 +92,8 @@ def build_result(
             rollout_n=s.rollout_n,
             rollout_tp=s.rollout_tp,
             gpu_memory_utilization=s.gpu_memory_utilization,
-            max_model_len=p.max_model_len,
+            max_model_len=p.model_len,
+            max_num_batched_tokens=p.max_num_batched_tokens,
             sequence_parallel_size=s.sequence_parallel_size,
             fsdp_size=s.fsdp_size,
             ppo_mini_batch_size=s.ppo_mini_batch_size,
@@ -131,7 +132,7 @@ def build_result(
             prompts_per_replica=round(s.train_batch_size / replicas, 2),
             sequences_per_replica=round(seqs_per_replica, 2),
             gpu_memory_utilization=s.gpu_memory_utilization,
-            max_model_len=p.max_model_len or p.seq_len,
+            max_model_len=p.model_len,
             kv_cache_tokens_per_replica=est.kv_cache_tokens,
         ),
         batching=BatchingPlan(

@@ -279,6 +279,9 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
     if violations:
         return violations
 
+    # verl's default is 8192; 0.6 rejects less than max_model_len with chunked prefill, so raise it there.
+    model_len = r.get_int("max_model_len") or (max_prompt + max_response)
+    batched = r.get_int("max_num_batched_tokens") or (max(8192, model_len) if version == "0.6" else 8192)
     problem = Problem(
         version=version,
         shape=shape,
@@ -291,7 +294,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         max_prompt_length=max_prompt,
         max_response_length=max_response,
         max_model_len=r.get_int("max_model_len"),
-        max_num_batched_tokens=r.get_int("max_num_batched_tokens", reads=True) or 8192,
+        max_num_batched_tokens=batched,
         max_num_seqs=r.get_int("max_num_seqs", reads=True) or 256,
         ref_param_offload=bool(r.get_bool("ref_param_offload", reads=True)),
         critic_offload=bool(r.get_bool("critic_param_offload", reads=True))
@@ -304,6 +307,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         pins=pins,
         max_position_embeddings=r.get_int("max_position_embeddings", reads=True),
         rollout_ep=ep,
+        chunked_prefill=r.get_bool("enable_chunked_prefill", reads=True) is not False,
     )
     if r.violations:
         return r.violations

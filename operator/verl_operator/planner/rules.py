@@ -423,6 +423,24 @@ def sp_remove_padding(p: Problem, s: Settings) -> list[Violation]:
     ]
 
 
+def batched_tokens_cover_model_len(p: Problem, s: Settings) -> list[Violation]:
+    """verl 0.6 SPMD rollout: with chunked prefill, ``max_num_batched_tokens >= max_model_len``."""
+    if p.version != "0.6" or not p.chunked_prefill or p.max_num_batched_tokens >= p.model_len:
+        return []
+    return [
+        Violation(
+            field=_field(p, "max_num_batched_tokens"),
+            rule="batched-tokens-model-len",
+            message=(
+                f"rollout max_num_batched_tokens {p.max_num_batched_tokens} is below max_model_len {p.model_len} "
+                f"(prompt {p.max_prompt_length} + response {p.max_response_length}); verl 0.6 rejects that "
+                "with chunked prefill on"
+            ),
+            suggestions=[f"use max_num_batched_tokens {p.model_len} or more, or drop the override"],
+        )
+    ]
+
+
 def rollout_expert_parallel(p: Problem, s: Settings) -> list[Violation]:
     """Rule 15: rollout expert parallelism > 1 must equal rollout TP x rollout DP (DP is 1 here)."""
     ep = p.rollout_ep
@@ -451,6 +469,7 @@ RULES: tuple[Rule, ...] = (
     rollout_expert_parallel,
     nvlink_groups,
     max_model_len,
+    batched_tokens_cover_model_len,
     mini_batch_per_gpu,
     micro_divides_mini,
     log_prob_micro_divides,

@@ -62,6 +62,7 @@ MESH_RULES: tuple[rules.Rule, ...] = (
     rules.sp_heads,
     rules.fsdp_size_valid,
     rules.max_model_len,
+    rules.batched_tokens_cover_model_len,
     rules.sp_remove_padding,
 )
 
@@ -179,7 +180,7 @@ def _memory_inputs(p: Problem, s: Settings, world: int) -> MemoryInputs:
         sequence_parallel_size=sp,
         rollout_tp=s.rollout_tp,
         gpu_memory_utilization=s.gpu_memory_utilization,
-        seq_len=p.max_model_len or p.seq_len,
+        seq_len=p.model_len,
         train_tokens_per_gpu=t_train,
         log_prob_tokens_per_gpu=t_lp,
         param_offload=s.param_offload,
@@ -264,8 +265,8 @@ def memory_violations(p: Problem, s: Settings, est: Estimate) -> list[Violation]
                 suggestions=hints,
             )
         )
-    if est.kv_cache_tokens < (p.max_model_len or p.seq_len):
-        need = p.max_model_len or p.seq_len
+    if est.kv_cache_tokens < (p.model_len):
+        need = p.model_len
         out.append(
             Violation(
                 field=p.source("rollout_tp", "spec.rollout.tensorParallelSize"),
@@ -483,9 +484,7 @@ def _search_rollout(p: Problem, layout: Layout, fixed: Fixed, s2: Settings, reco
                 gmu = 0.05
         s4 = replace(s3, gpu_memory_utilization=gmu)
         est = estimate(_memory_inputs(p, s4, layout.world))
-        if est.rollout.peak_bytes > p.gpu_memory_bytes or est.kv_cache_tokens < (
-            p.max_model_len or p.seq_len
-        ):
+        if est.rollout.peak_bytes > p.gpu_memory_bytes or est.kv_cache_tokens < (p.model_len):
             record(_memory(p, s4, est, ("memory-rollout", "kv-cache-max-model-len")), 6)
             continue
         final = rules.check(p, s4)
