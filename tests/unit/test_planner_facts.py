@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_node
+from conftest import make_node, make_spec
 
 from verl_operator.planner.cluster import exclusion_reason
 from verl_operator.planner.facts import memory_from_product, node_facts, nvlink_domain_from_product
-from conftest import make_spec
 
 
 @pytest.mark.parametrize(
