@@ -66,7 +66,26 @@ def test_probe_label_overrides_product() -> None:
 
 def test_empty_node_reads_as_no_gpus() -> None:
     f = node_facts({"metadata": {"name": "cpu"}})
-    assert (f.gpus, f.ready, f.gpu_memory_mib, f.nvlink_domain_size) == (0, False, None, 1)
+    assert (f.gpus, f.gpu_memory_mib, f.nvlink_domain_size) == (0, None, 1)
+
+
+@pytest.mark.parametrize(
+    ("conditions", "ready"),
+    [
+        pytest.param([{"type": "Ready", "status": "True"}], True, id="ready"),
+        pytest.param([{"type": "Ready", "status": "False"}], False, id="not-ready"),
+        pytest.param([{"type": "Ready", "status": "Unknown"}], False, id="kubelet-gone"),
+        pytest.param([{"type": "MemoryPressure", "status": "False"}], True, id="no-ready-condition"),
+        pytest.param(None, True, id="no-conditions-hand-written-file"),
+    ],
+)
+def test_ready(conditions: list[dict[str, str]] | None, ready: bool) -> None:
+    node = make_node("n")
+    if conditions is None:
+        del node["status"]["conditions"]
+    else:
+        node["status"]["conditions"] = conditions
+    assert node_facts(node).ready is ready
 
 
 @pytest.mark.parametrize(

@@ -278,3 +278,10 @@ def test_unknown_gpu_memory_asks_for_the_label() -> None:
     result = plan_job(make_spec(8), [make_node("odd", product="Mystery-GPU", memory_mib=None)])
     [v] = result.violations
     assert v.rule == "no-eligible-nodes" and "nvidia.com/gpu.memory" in v.message
+
+
+def test_candidates_in_natural_name_order() -> None:
+    nodes = [make_node(f"gb-{i}", 4, "NVIDIA-GB200", 189471) for i in (10, 2, 1, 0)]
+    plan = feasible(plan_job(make_spec(8, model="Qwen/Qwen2.5-1.5B-Instruct"), nodes))
+    assert plan.candidate_nodes == ["gb-0", "gb-1", "gb-2", "gb-10"]
+    assert plan.nodes == ["gb-0", "gb-1"]

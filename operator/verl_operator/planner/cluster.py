@@ -6,6 +6,7 @@ the NVLink rules need one value). A layout picks GPUs per node and a node count 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ TOLERATED_TAINT_KEYS: frozenset[str] = frozenset({"nvidia.com/gpu"})
 
 @dataclass(frozen=True)
 class Pool:
-    """Eligible nodes with identical GPU product, memory and NVLink domain size, sorted by name."""
+    """Eligible nodes with identical GPU product, memory and NVLink domain size, in natural name order."""
 
     product: str
     memory_mib: int
@@ -41,6 +42,11 @@ class Layout:
     def world(self) -> int:
         """Total GPUs."""
         return self.gpus_per_node * self.nnodes
+
+
+def name_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Natural sort key: ``gpu-2`` before ``gpu-10``."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)
 
 
 def _tolerated(taint: Taint, tolerations: Sequence[Mapping[str, Any]]) -> bool:
@@ -98,7 +104,7 @@ def select(facts: Sequence[NodeFacts], spec: VerlJobSpec) -> tuple[list[Pool], d
     """
     excluded: dict[str, str] = {}
     groups: dict[tuple[str, int, int], list[NodeFacts]] = {}
-    for node in sorted(facts, key=lambda n: n.name):
+    for node in sorted(facts, key=lambda n: name_key(n.name)):
         reason = exclusion_reason(node, spec)
         if reason is not None:
             excluded[node.name] = reason

@@ -114,7 +114,7 @@ class NodeFacts:
         clique: ``nvidia.com/gpu.clique`` (multi-node NVLink domain) or None.
         gpu_replicas: ``nvidia.com/gpu.replicas`` (> 1 means time-sliced GPUs).
         schedulable: not cordoned (``spec.unschedulable`` false).
-        ready: the Ready condition is True.
+        ready: the Ready condition is True (or the object has no Ready condition at all).
         taints: the node's taints.
         topology: the values of the well-known topology labels present on the node.
         cpu_millicores: allocatable CPU in millicores (None when absent).
@@ -253,9 +253,10 @@ def node_facts(node: Mapping[str, Any]) -> NodeFacts:
     else:
         nvlink, nvlink_source = 1, "default"
 
-    ready = any(
-        c.get("type") == "Ready" and str(c.get("status")) == "True" for c in (status.get("conditions") or [])
-    )
+    # A Ready condition that is not True (False, or Unknown after the kubelet stopped reporting) means not
+    # ready; a node object without any Ready condition (a hand-written or generated NODES.yaml) counts as ready.
+    ready_conditions = [c for c in (status.get("conditions") or []) if c.get("type") == "Ready"]
+    ready = all(str(c.get("status")) == "True" for c in ready_conditions)
     taints = tuple(
         Taint(key=str(t.get("key", "")), value=str(t.get("value", "") or ""), effect=str(t.get("effect", "")))
         for t in (spec.get("taints") or [])
