@@ -285,3 +285,11 @@ def test_candidates_in_natural_name_order() -> None:
     plan = feasible(plan_job(make_spec(8, model="Qwen/Qwen2.5-1.5B-Instruct"), nodes))
     assert plan.candidate_nodes == ["gb-0", "gb-1", "gb-2", "gb-10"]
     assert plan.nodes == ["gb-0", "gb-1"]
+
+
+def test_infeasible_everywhere_reports_the_nearest_miss() -> None:
+    # 72B on 8 GPUs fits neither pool; among equally far misses the last pool tried (the larger GPUs) is reported.
+    nodes = make_nodes(1, 8, prefix="h100") + make_nodes(1, 8, "NVIDIA-H200", 143771, prefix="h200")
+    result = plan_job(make_spec(8, model="Qwen/Qwen2.5-72B-Instruct"), nodes)
+    [v] = result.violations
+    assert v.rule.startswith("memory-") and "140.4 GiB" in v.message

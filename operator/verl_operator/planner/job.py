@@ -12,7 +12,7 @@ from verl_operator.planner.facts import node_facts
 from verl_operator.planner.report import build_result
 from verl_operator.planner.resolve import resolve
 from verl_operator.planner.result import PlanResult, Violation, infeasible
-from verl_operator.planner.search import Found, search
+from verl_operator.planner.search import Failed, Found, search
 
 
 def plan_job(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]]) -> PlanResult:
@@ -60,7 +60,8 @@ def plan_job(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]]) -> PlanResul
             ]
         )
 
-    first_failure: list[Violation] | None = None
+    # The nearest miss over all pools and layouts: the one that got furthest, the last of those (larger GPUs).
+    nearest: Failed | None = None
     any_layout = False
     for pool in pools:
         for layout in layouts(pool, spec, gpn_val):
@@ -82,8 +83,8 @@ def plan_job(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]]) -> PlanResul
                     resolved.adv_estimator,
                     resolved.model_path,
                 )
-            if first_failure is None:
-                first_failure = outcome.violations
+            if nearest is None or outcome.depth >= nearest.depth:
+                nearest = outcome
     if not any_layout:
         biggest = max(len(p.nodes) for p in pools)
         return infeasible(
@@ -108,4 +109,4 @@ def plan_job(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]]) -> PlanResul
                 )
             ]
         )
-    return infeasible(first_failure or [])
+    return infeasible(nearest.violations if nearest is not None else [])
