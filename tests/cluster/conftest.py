@@ -36,10 +36,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _remove_stale_test_instances() -> None:
-    """Tear down ``pytest-<pid>`` instances whose pytest process is gone (a killed earlier session)."""
+    """Tear down ``pytest-<pid>[-...]`` instances whose pytest process is gone (a killed earlier session)."""
     for state in (cache_dir() / "devclusters").glob("pytest-*/state.json"):
-        suffix = state.parent.name.removeprefix("pytest-")
-        if suffix.isdigit() and int(suffix) != os.getpid() and not alive(int(suffix)):
+        pid = state.parent.name.removeprefix("pytest-").split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
             DevCluster(name=state.parent.name, progress=lambda _msg: None).down()
 
 

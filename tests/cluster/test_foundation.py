@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import http.server
 import json
+import os
 import ssl
 import threading
 import time
@@ -415,7 +416,7 @@ nodeGroups:
 def test_up_is_idempotent_and_down_leaves_no_process_or_port(tmp_path: Path) -> None:
     profile = tmp_path / "tiny.yaml"
     profile.write_text(TINY_PROFILE)
-    cluster = DevCluster(name=f"pytest-lifecycle-{uuid.uuid4().hex[:6]}", profile=str(profile))
+    cluster = DevCluster(name=f"pytest-{os.getpid()}-lifecycle", profile=str(profile))
     try:
         cluster.up()
         pids = cluster.pids()

@@ -7,12 +7,15 @@ picked at its first start and kept in its state file.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import shutil
 import ssl
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -204,7 +207,7 @@ class DevCluster:
         out = {}
         for component in COMPONENTS:
             entry = state.get("processes", {}).get(component)
-            out[component] = bool(entry) and process.alive(int(entry["pid"]), entry["executable"])
+            out[component] = bool(entry) and process.alive(int(entry["pid"]), entry.get("started"))
         return out
 
     def is_running(self) -> bool:
@@ -230,12 +233,25 @@ class DevCluster:
             profiles.ProfileError: The profile is unknown or invalid (checked before anything starts).
         """
         loaded = load_profile(profile or self.profile)
-        if self.is_running():
-            self._say(f"already running ({apiserver_url(self._state()['ports'])})")
-        else:
-            self._start(timeout)
-        self.apply_profile(loaded)
+        with self._instance_lock():
+            if self.is_running():
+                self._say(f"already running ({apiserver_url(self._state()['ports'])})")
+            else:
+                self._start(timeout)
+            self.apply_profile(loaded)
         return self
+
+    @contextlib.contextmanager
+    def _instance_lock(self) -> Iterator[None]:
+        """Serialise ``up``/``down`` of this instance across processes (a lock file beside its directory)."""
+        lock = self.layout.base.parent / f".{self.name}.lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with lock.open("w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def _start(self, timeout: float) -> None:
         if any(self.running_components().values()):
@@ -257,7 +273,11 @@ class DevCluster:
             for component in COMPONENTS:
                 argv = component_argv(component, paths[component], self.layout, ports, self.name)
                 pid = process.start(argv, self.layout.log(component), self.layout.base)
-                state["processes"][component] = {"pid": pid, "executable": argv[0]}
+                state["processes"][component] = {
+                    "pid": pid,
+                    "executable": argv[0],
+                    "started": process.start_time(pid),
+                }
                 self._save_state(state)
                 self._wait_healthy(component, pid, ports, timeout)
             self._wait_default_service_account(timeout)
@@ -321,20 +341,17 @@ class DevCluster:
         for component in reversed(COMPONENTS):
             entry = state.get("processes", {}).get(component)
             if entry:
-                process.stop(int(entry["pid"]), entry["executable"])
+                process.stop(int(entry["pid"]), entry.get("started"))
         if state:
             state["processes"] = {}
             self._save_state(state)
 
     def down(self) -> None:
         """Stop every process of the instance (by pid, waiting for each) and remove its directory."""
-        state = self._state()
-        self._stop_processes()
-        leftover = [p for p in state.get("ports", {}).values() if not port_is_free(p)]
-        if leftover:
-            time.sleep(1.0)  # sockets of just-killed processes can take a moment to be released
-        if self.layout.base.exists():
-            shutil.rmtree(self.layout.base)
+        with self._instance_lock():
+            self._stop_processes()
+            if self.layout.base.exists():
+                shutil.rmtree(self.layout.base)
         self._say("stopped and removed")
 
     # -- clients and nodes -------------------------------------------------------------------------------

@@ -44,10 +44,23 @@ def _reap(pid: int) -> bool:
     return done == pid
 
 
-def alive(pid: int, executable: str | None = None) -> bool:
-    """Whether ``pid`` runs (not a zombie) and, if ``executable`` is given, runs that program.
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), None if it is gone.
 
-    The executable check guards against a recycled pid after a reboot or a long time.
+    Together with the pid it identifies one process for good: a recycled pid has another start time.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) is in parentheses and may contain spaces: split after the last ')'.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def alive(pid: int, started: int | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie) and, if ``started`` is given, is the process that started then.
+
+    The start-time check guards against a recycled pid after a reboot or a long time.
     """
     if pid <= 0 or _reap(pid):
         return False
@@ -62,20 +75,18 @@ def alive(pid: int, executable: str | None = None) -> bool:
         stat = (proc / "stat").read_text()
         if stat.rsplit(")", 1)[1].split()[0] == "Z":
             return False
-        if executable is not None:
-            first = (proc / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
-            return first == executable
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
-    return True
+    return started is None or start_time(pid) == started
 
 
-def stop(pid: int, executable: str | None = None, timeout: float = 15.0) -> None:
+def stop(pid: int, started: int | None = None, timeout: float = 15.0) -> None:
     """SIGTERM ``pid``, wait up to ``timeout`` seconds, then SIGKILL and wait until it is gone.
 
-    Does nothing if the pid is not running ``executable`` (a recycled pid is never signalled).
+    Does nothing if ``pid`` is not the process that started at ``started`` (a recycled pid is never
+    signalled).
     """
-    if not alive(pid, executable):
+    if not alive(pid, started):
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
