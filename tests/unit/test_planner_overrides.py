@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from verl_operator.planner.dialect import INPUT_KEYS
+from verl_operator.planner.dialect import INPUT_KEYS, format_value
 from verl_operator.planner.overrides import OverrideError, parse_override, parse_overrides, read_owned
 
 
@@ -78,3 +80,19 @@ def test_read_owned_splits_and_detects_conflicts() -> None:
     assert [o.key for o in passthrough] == ["trainer.total_epochs"]
     assert len(violations) == 1 and violations[0].rule == "override-conflict"
     assert "spec.overrides[0]" in violations[0].message and "spec.overrides[1]" in violations[0].message
+
+
+_scalars = st.one_of(
+    st.integers(-(10**9), 10**9),
+    st.booleans(),
+    st.none(),
+    st.floats(min_value=1e-4, max_value=1e4, allow_nan=False).map(lambda f: round(f, 4)),
+    st.from_regex(r"[A-Za-z_/][A-Za-z0-9_./ -]{0,20}", fullmatch=True).filter(
+        lambda t: t.strip() == t and t.lower() not in ("true", "false", "null", "none")
+    ),
+)
+
+
+@given(st.one_of(_scalars, st.lists(_scalars, max_size=4)))
+def test_emitted_values_parse_back(value: object) -> None:
+    assert parse_override(f"some.key={format_value(value)}").value == value

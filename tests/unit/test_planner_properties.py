@@ -61,6 +61,26 @@ def jobs(draw: st.DrawFn) -> tuple[Any, list[dict[str, Any]]]:
         batching["ppoMiniBatchSize"] = draw(st.integers(1, 256))
     kw["batching"] = batching
     kw["algorithm"] = draw(st.sampled_from(["grpo", "ppo"]))
+    # Pasted verl overrides: either spelling of SP, a deprecated global micro-batch, unrelated keys.
+    pasted = draw(
+        st.lists(
+            st.sampled_from(
+                [
+                    f"{ARR}.actor.ulysses_sequence_parallel_size=2",
+                    f"{ARR}.actor.fsdp_config.ulysses_sequence_parallel_size=2",
+                    f"{ARR}.actor.ppo_micro_batch_size=16",
+                    f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=4",
+                    f"{ARR}.actor.use_kl_loss=True",
+                    f"{ARR}.model.enable_gradient_checkpointing=True",
+                    "trainer.total_epochs=15",
+                    "trainer.logger=['console']",
+                ]
+            ),
+            max_size=3,
+            unique=True,
+        )
+    )
+    kw["overrides"] = pasted
     if draw(st.booleans()):
         kw["placement"] = {"nvlink": "required"}
     spec = make_spec(gpus, model=draw(st.sampled_from(MODELS)), **kw)
@@ -137,7 +157,9 @@ def test_every_accepted_plan_satisfies_every_rule(job: tuple[Any, list[dict[str,
     assert data["feasible"] == (data["plan"] is not None) == (not data["violations"])
     if result.feasible:
         has_pinned_micro = (
-            spec.batching.ppo_micro_batch_size_per_gpu is not None or spec.batching.dynamic_batch_size
+            spec.batching.ppo_micro_batch_size_per_gpu is not None
+            or spec.batching.dynamic_batch_size
+            or any("micro_batch_size" in o for o in spec.overrides)
         )
         if not has_pinned_micro:
             mem = data["plan"]["memory"]
