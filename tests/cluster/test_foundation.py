@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 import http.server
 import json
@@ -18,6 +19,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from verl_operator.commands import devcluster as devcluster_command
 from verl_operator.devcluster import DevCluster, certs
 from verl_operator.devcluster import labels as L
 from verl_operator.devcluster.ports import listening
@@ -431,3 +433,39 @@ def test_up_is_idempotent_and_down_leaves_no_process_or_port(tmp_path: Path) -> 
     assert not [c for c, pid in pids.items() if alive(pid)]
     assert listening(ports.values()) == []
     assert not cluster.layout.base.exists()
+
+
+# -- the CLI -------------------------------------------------------------------------------------------
+
+
+def devcluster_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="verl-operator")
+    devcluster_command.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["devcluster", *argv])
+    code: int = args.func(args)
+    return code
+
+
+def test_cli_status_reports_the_live_nodes(
+    devcluster: DevCluster, kube: client.ApiClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert devcluster_cli(["status", "--name", devcluster.name, "-o", "json"]) == 0
+    reported = json.loads(capsys.readouterr().out)
+    assert reported["running"] is True
+    assert {c["name"] for c in reported["components"] if c["running"]} == set(devcluster.pids())
+    live = {n.metadata.name: n for n in client.CoreV1Api(kube).list_node().items}
+    assert {n["name"] for n in reported["nodes"]} == set(live)
+    for row in reported["nodes"]:
+        assert str(row["gpus"]) == (live[row["name"]].status.allocatable or {}).get(L.GPU_RESOURCE, "0")
+
+    assert devcluster_cli(["status", "--name", devcluster.name]) == 0
+    table = capsys.readouterr().out
+    assert "mixed-h100-0" in table and "NVIDIA-H100-80GB-HBM3" in table
+
+    assert devcluster_cli(["env", "--name", devcluster.name]) == 0
+    assert capsys.readouterr().out.strip() == f"export KUBECONFIG={devcluster.kubeconfig}"
+
+
+def test_cli_status_of_a_stopped_instance(capsys: pytest.CaptureFixture[str]) -> None:
+    assert devcluster_cli(["status", "--name", f"pytest-{os.getpid()}-never-started"]) == 3
+    assert "is not running" in capsys.readouterr().out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from kubernetes import client
 
 from verl_operator.devcluster.nodes import NodeRow, format_table
@@ -23,13 +24,25 @@ def test_rows_show_what_the_planner_reads() -> None:
         "NVIDIA-A100-PCIE-40GB",
         8,
         40960,
-        "2",
+        "2 (label)",
         True,
     )
     gb200 = rows("gb200-nvl72", ready=False)[0]
     assert gb200.clique.endswith(".1")
-    assert gb200.nvlink_domain == "from product"
+    assert gb200.nvlink_domain == "4 (derived)"
     assert gb200.ready is False
+
+
+@pytest.mark.parametrize(
+    ("profile", "domain"),
+    [
+        pytest.param("dgx-h100", "8 (derived)", id="sxm-nvswitch"),
+        pytest.param("l40s", "1 (derived)", id="pcie-no-nvlink"),
+        pytest.param("a100-pcie", "2 (label)", id="probed-bridges"),
+    ],
+)
+def test_nvlink_domain_column_follows_docs_topology(profile: str, domain: str) -> None:
+    assert {r.nvlink_domain for r in rows(profile)} == {domain}
 
 
 def test_cpu_nodes_have_no_gpu_columns() -> None:

@@ -11,6 +11,7 @@ from kubernetes.client.exceptions import ApiException
 
 from verl_operator.devcluster import labels as L
 from verl_operator.devcluster.profiles import Profile, node_manifests
+from verl_operator.planner.facts import nvlink_domain_from_product
 
 
 def apply_nodes(api: client.ApiClient, profile: Profile) -> list[str]:
@@ -119,6 +120,8 @@ class NodeRow:
     product: str
     gpus: int
     memory_mib: int | None
+    #: ``"<n> (label)"`` when the node carries verl-operator.io/nvlink-domain-size, else ``"<n> (derived)"``
+    #: from the product by the planner's rule (docs/topology.md).
     nvlink_domain: str
     clique: str
     rack: str
@@ -130,14 +133,19 @@ class NodeRow:
         labels: dict[str, str] = node.metadata.labels or {}
         allocatable = (node.status.allocatable or {}) if node.status else {}
         memory = labels.get(L.GPU_MEMORY_MIB)
+        gpus = int(allocatable.get(L.GPU_RESOURCE, "0"))
+        if L.NVLINK_DOMAIN_SIZE in labels:
+            nvlink = f"{labels[L.NVLINK_DOMAIN_SIZE]} (label)"
+        elif L.GPU_PRODUCT in labels:
+            nvlink = f"{nvlink_domain_from_product(labels[L.GPU_PRODUCT], gpus)} (derived)"
+        else:
+            nvlink = "-"
         return cls(
             name=node.metadata.name,
             product=labels.get(L.GPU_PRODUCT, "-"),
-            gpus=int(allocatable.get(L.GPU_RESOURCE, "0")),
+            gpus=gpus,
             memory_mib=int(memory) if memory and memory.isdigit() else None,
-            nvlink_domain=labels.get(
-                L.NVLINK_DOMAIN_SIZE, "from product" if L.GPU_PRODUCT in labels else "-"
-            ),
+            nvlink_domain=nvlink,
             clique=labels.get(L.GPU_CLIQUE, "-"),
             rack=labels.get(L.RACK, "-"),
             ready=_ready(node),
