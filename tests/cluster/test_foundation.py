@@ -433,6 +433,7 @@ def test_up_is_idempotent_and_down_leaves_no_process_or_port(tmp_path: Path) -> 
     assert not [c for c, pid in pids.items() if alive(pid)]
     assert listening(ports.values()) == []
     assert not cluster.layout.base.exists()
+    assert not [p for p in cluster.layout.base.parent.iterdir() if cluster.name in p.name]
 
 
 # -- the CLI -------------------------------------------------------------------------------------------

@@ -241,10 +241,13 @@ class DevCluster:
             self.apply_profile(loaded)
         return self
 
+    def _lock_path(self) -> Path:
+        return self.layout.base.parent / f".{self.name}.lock"
+
     @contextlib.contextmanager
     def _instance_lock(self) -> Iterator[None]:
         """Serialise ``up``/``down`` of this instance across processes (a lock file beside its directory)."""
-        lock = self.layout.base.parent / f".{self.name}.lock"
+        lock = self._lock_path()
         lock.parent.mkdir(parents=True, exist_ok=True)
         with lock.open("w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
@@ -352,6 +355,8 @@ class DevCluster:
             self._stop_processes()
             if self.layout.base.exists():
                 shutil.rmtree(self.layout.base)
+            # Nothing of the instance is left, not even its lock file (removed while still held).
+            self._lock_path().unlink(missing_ok=True)
         self._say("stopped and removed")
 
     # -- clients and nodes -------------------------------------------------------------------------------
