@@ -265,8 +265,10 @@ class VerlJobSpec(_Model):
 class VerlJob(_Model):
     """A whole VerlJob object as read from YAML or the API server (status is ignored by the planner)."""
 
-    api_version: Literal["verl-operator.io/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
-    kind: Literal["VerlJob"] = Field(default=KIND)
+    api_version: Literal["verl-operator.io/v1alpha1"] = Field(
+        default="verl-operator.io/v1alpha1", alias="apiVersion"
+    )
+    kind: Literal["VerlJob"] = Field(default="VerlJob")
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: VerlJobSpec
     status: dict[str, Any] | None = Field(default=None)
