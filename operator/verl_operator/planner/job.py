@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.planner.cluster import layouts, select
+from verl_operator.planner.cluster import Pool, cpu_needed, layouts, select
 from verl_operator.planner.facts import node_facts
 from verl_operator.planner.report import build_result
 from verl_operator.planner.resolve import resolve
@@ -41,7 +41,6 @@ def plan_job(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]]) -> PlanResul
     if isinstance(resolved, list):
         return infeasible(resolved)
     gpn_val = resolved.gpus_per_node
-    gpus = spec.resources.gpus
 
     # The cluster.
     facts = [node_facts(n) for n in nodes]
@@ -86,27 +85,37 @@ def plan_job(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]]) -> PlanResul
             if nearest is None or outcome.depth >= nearest.depth:
                 nearest = outcome
     if not any_layout:
-        biggest = max(len(p.nodes) for p in pools)
-        return infeasible(
-            [
-                Violation(
-                    field="spec.resources.gpus",
-                    rule="not-enough-gpus",
-                    message=(
-                        f"{gpus} GPUs"
-                        + (f" at {gpn_val} per node" if gpn_val else "")
-                        + " do not fit the eligible nodes ("
-                        + "; ".join(
-                            f"{len(p.nodes)} x {p.product} with up to {max(n.gpus for n in p.nodes)} GPUs"
-                            for p in pools
-                        )
-                        + ")"
-                    ),
-                    suggestions=[
-                        "use a GPU count that is a multiple of the GPUs per node",
-                        f"at most {biggest} nodes are eligible in one pool",
-                    ],
-                )
-            ]
-        )
+        return infeasible([capacity_violation(spec, pools, gpn_val)])
     return infeasible(nearest.violations if nearest is not None else [])
+
+
+def capacity_violation(spec: VerlJobSpec, pools: Sequence[Pool], gpus_per_node: int | None) -> Violation:
+    """Why no pool has a layout for the job: the GPU count, the GPUs per node, CPUs or a topology domain."""
+    pool_text = "; ".join(
+        f"{len(p.nodes)} x {p.product} with up to {max(n.gpus for n in p.nodes)} GPUs" for p in pools
+    )
+    message = f"{gpus} GPUs" + (f" at {gpus_per_node} per node" if gpus_per_node else "")
+    message += f" do not fit the eligible nodes ({pool_text})"
+    suggestions = [
+        "use a GPU count that is a multiple of the GPUs per node",
+        f"at most {max(len(p.nodes) for p in pools)} nodes are eligible in one pool",
+    ]
+    key = spec.placement.topology_key
+    if key and spec.placement.topology_policy == "required":
+        labelled = [n for p in pools for n in p.nodes if key in n.labels]
+        domains: dict[str, int] = {}
+        for n in labelled:
+            domains[n.labels[key]] = domains.get(n.labels[key], 0) + 1
+        largest = max(domains.values(), default=0)
+        message += (
+            f" within one {key} domain (topologyPolicy: required; the largest has {largest} eligible nodes, "
+            f"{sum(len(p.nodes) for p in pools) - len(labelled)} eligible nodes lack the label)"
+        )
+        suggestions.append("set spec.placement.topologyPolicy: preferred")
+    suggestions.append(
+        f"nodes need {cpu_needed(spec, gpus_per_node or 1) // 1000}+ allocatable CPUs per "
+        f"{gpus_per_node or 1} GPUs (verl's placement group)"
+    )
+    return Violation(
+        field="spec.resources.gpus", rule="not-enough-gpus", message=message, suggestions=suggestions
+    )
