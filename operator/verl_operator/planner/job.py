@@ -91,6 +91,7 @@ def plan_job(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]]) -> PlanResul
 
 def capacity_violation(spec: VerlJobSpec, pools: Sequence[Pool], gpus_per_node: int | None) -> Violation:
     """Why no pool has a layout for the job: the GPU count, the GPUs per node, CPUs or a topology domain."""
+    gpus = spec.resources.gpus
     pool_text = "; ".join(
         f"{len(p.nodes)} x {p.product} with up to {max(n.gpus for n in p.nodes)} GPUs" for p in pools
     )
