@@ -178,6 +178,9 @@ def jobs(operator: LocalOperator, kube: client.ApiClient, kubectl: Any, namespac
     yield helper
     for item in helper.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
         helper.delete(item["metadata"]["name"])
+    # Not left to the garbage collector: it learns a freshly installed CRD's kind only at its next
+    # discovery refresh (up to ~30 s), and the next test needs these GPUs now.
+    helper.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
     wait_for(lambda: not helper.core.list_namespaced_pod(namespace).items or None, "pods gone", 30)
 
 
@@ -349,7 +352,7 @@ def test_ttl_deletes_the_finished_job_and_its_children(jobs: Jobs) -> None:
     jobs.fail_pod(jobs.running_pods("ttl", 1)[0].metadata.name)
     jobs.wait_phase("ttl", "Failed")
     wait_for(lambda: jobs.get("ttl") is None or None, "the job deleted by its TTL", 20)
-    wait_for(lambda: jobs.pods("ttl") == [] or None, "children garbage-collected", 30)
+    wait_for(lambda: jobs.pods("ttl") == [] or None, "children garbage-collected", 90)
 
 
 def test_deleting_the_job_cascades_to_every_child(jobs: Jobs) -> None:
@@ -367,7 +370,8 @@ def test_deleting_the_job_cascades_to_every_child(jobs: Jobs) -> None:
         svcs = jobs.core.list_namespaced_service(jobs.ns, label_selector="verl-operator.io/job=gone").items
         return not cms and not svcs and not jobs.pods("gone")
 
-    wait_for(children_gone, "ConfigMap, Service and pods garbage-collected", 30)
+    # The garbage collector may first have to discover the VerlJob kind (a fresh CRD): allow for that.
+    wait_for(children_gone, "ConfigMap, Service and pods garbage-collected", 90)
 
 
 # ---- admission, CRD -------------------------------------------------------------------------------------

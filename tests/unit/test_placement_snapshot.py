@@ -21,7 +21,7 @@ def pod(
     resources: dict[str, Any] = {}
     if gpus is not None:
         resources = {"limits": {"nvidia.com/gpu": gpus}}
-    meta: dict[str, Any] = {"name": "p", "uid": "u1", "labels": {}, "annotations": {}}
+    meta: dict[str, Any] = {"name": "p", "namespace": "ns", "uid": "u1", "labels": {}, "annotations": {}}
     if job:
         meta["labels"]["verl-operator.io/job"] = job
     if pinned:
@@ -36,7 +36,7 @@ def pod(
     ("manifest", "expected"),
     [
         pytest.param(pod("4"), ("n0", "u1", 4, None), id="bound-limits-only"),
-        pytest.param(pod("8", node=None, pinned="n3", job="j"), ("n3", "u1", 8, "j"), id="gated-pinned"),
+        pytest.param(pod("8", node=None, pinned="n3", job="j"), ("n3", "u1", 8, "ns/j"), id="gated-pinned"),
         pytest.param(pod("8", phase="Succeeded"), None, id="finished-frees-gpus"),
         pytest.param(pod("8", phase="Failed"), None, id="failed-frees-gpus"),
         pytest.param(pod(None), None, id="cpu-pod"),
@@ -60,11 +60,17 @@ def test_pod_gpu_request_sums_containers_and_prefers_requests() -> None:
 
 
 def test_gpus_in_use_counts_foreign_pods_and_other_jobs_reservations() -> None:
-    entries = [("n0", "a", 2, None), ("n0", "b", 8, "own-job"), ("n1", "c", 1, None)]
+    entries = [
+        ("n0", "a", 2, None),
+        ("n0", "b", 8, "ns/live"),
+        ("n1", "c", 1, None),
+        ("n3", "d", 4, "ns/deleted"),
+    ]
     reservations = [("job-a", ("n0", "n1"), 8), ("job-b", ("n2",), 4)]
-    used = gpus_in_use(entries, reservations, exclude_job_uid="job-b")
-    # VerlJob pods are covered by their job's reservation, not counted twice.
-    assert used == {"n0": 10, "n1": 9}
+    used = gpus_in_use(entries, reservations, exclude_job_uid="job-b", live_jobs=frozenset({"ns/live"}))
+    # A live VerlJob's pods are covered by its reservation (not counted twice); a deleted job's pods
+    # still hold their GPUs until they are gone.
+    assert used == {"n0": 10, "n1": 9, "n3": 4}
 
 
 def test_reservations_of_deleted_jobs_are_dropped() -> None:

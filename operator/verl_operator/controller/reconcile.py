@@ -51,6 +51,7 @@ class Snapshot:
     pod_entries: Sequence[tuple[str, str, int, str | None]]
     reservations: Sequence[tuple[str, tuple[str, ...], int]]
     live_uids: frozenset[str] = frozenset()
+    live_jobs: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -128,7 +129,10 @@ class JobReconciler:
     def reconcile(self, namespace: str, name: str) -> None:
         """One reconcile pass of the job ``namespace/name`` (no-op when it is gone or being deleted)."""
         job = self.kube.get_job(namespace, name)
-        if job is None or job["metadata"].get("deletionTimestamp"):
+        if job is None:
+            self._release_orphans(namespace, name)
+            return
+        if job["metadata"].get("deletionTimestamp"):
             return
         uid = str(job["metadata"]["uid"])
         status = job.get("status") or {}
@@ -151,6 +155,19 @@ class JobReconciler:
             self._plan_and_place(job, spec)
             return
         self._run(job, spec)
+
+    def _release_orphans(self, namespace: str, name: str) -> None:
+        """Delete the pods of a deleted VerlJob now, freeing their GPUs at once.
+
+        The garbage collector would delete them too, but it learns a newly installed CRD's kind only at its
+        next discovery refresh. Pods whose owner reference was removed (deleted with ``orphan`` propagation)
+        are left alone.
+        """
+        for pod in self.kube.job_pods(namespace, name):
+            owners = pod["metadata"].get("ownerReferences") or []
+            owned = any(o.get("kind") == "VerlJob" and o.get("name") == name for o in owners)
+            if owned and not pod["metadata"].get("deletionTimestamp"):
+                self.kube.delete_pod(namespace, pod["metadata"]["name"])
 
     # ---- phases ----------------------------------------------------------------------------------------
     def _invalid_spec(self, job: Mapping[str, Any], exc: ValidationError) -> None:
@@ -257,7 +274,10 @@ class JobReconciler:
             topology_policy=spec.placement.topology_policy,
         )
         used = gpus_in_use(
-            snap.pod_entries, self.reservations.merged(snap.reservations, snap.live_uids), exclude_job_uid=uid
+            snap.pod_entries,
+            self.reservations.merged(snap.reservations, snap.live_uids),
+            exclude_job_uid=uid,
+            live_jobs=snap.live_jobs,
         )
         chosen = place(request, capacities, used)
         if not chosen.feasible:

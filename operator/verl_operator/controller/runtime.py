@@ -59,6 +59,7 @@ class Runtime:
             pod_entries=_values(self.pods),
             reservations=[j[2] for j in jobs if j[2] is not None],
             live_uids=frozenset(j[0] for j in jobs),
+            live_jobs=frozenset(f"{ns}/{name}" for ns, name in list(self.jobs.keys())),
         )
 
     async def run(self, reconciler: JobReconciler, resync: float) -> None:

@@ -40,7 +40,7 @@ def pod_gpu_request(pod: Mapping[str, Any]) -> int:
 
 
 def pod_usage_entry(pod: Mapping[str, Any]) -> tuple[str, str, int, str | None] | None:
-    """``(node, pod uid, gpus, job label)`` for a live pod holding GPUs on a node, else None.
+    """``(node, pod uid, gpus, "<namespace>/<job>")`` for a live pod holding GPUs on a node, else None.
 
     A pod counts on its bound node (``spec.nodeName``) or, while still gated, on the node the operator pinned
     it to (annotation ``verl-operator.io/node``).
@@ -53,27 +53,32 @@ def pod_usage_entry(pod: Mapping[str, Any]) -> tuple[str, str, int, str | None] 
     node = (pod.get("spec") or {}).get("nodeName") or (meta.get("annotations") or {}).get(ANNOTATION_NODE)
     if not gpus or not node:
         return None
-    return str(node), str(meta.get("uid", "")), gpus, (meta.get("labels") or {}).get(LABEL_JOB)
+    job = (meta.get("labels") or {}).get(LABEL_JOB)
+    key = f"{meta.get('namespace', '')}/{job}" if job else None
+    return str(node), str(meta.get("uid", "")), gpus, key
 
 
 def gpus_in_use(
     pod_entries: Iterable[tuple[str, str, int, str | None]],
     reservations: Iterable[tuple[str, tuple[str, ...], int]],
     exclude_job_uid: str | None = None,
+    live_jobs: frozenset[str] | None = None,
 ) -> dict[str, int]:
     """GPUs taken per node: pods that are not VerlJob pods plus the placements of active VerlJobs.
 
     Args:
-        pod_entries: ``(node, pod uid, gpus, job label)`` of live GPU pods.
+        pod_entries: ``(node, pod uid, gpus, "<namespace>/<job>" or None)`` of live GPU pods.
         reservations: ``(job uid, nodes, gpus per node)`` of VerlJobs placed and not finished.
         exclude_job_uid: The job being placed (its own old reservation does not count).
+        live_jobs: ``<namespace>/<name>`` of existing VerlJobs; pods of a job not in it (deleted, its pods
+            not yet garbage-collected) count like any other pod. None: VerlJob pods never count.
 
     Returns:
         Node name -> GPUs in use.
     """
     used: dict[str, int] = {}
     for node, _, gpus, job in pod_entries:
-        if job is None:
+        if job is None or (live_jobs is not None and job not in live_jobs):
             used[node] = used.get(node, 0) + gpus
     for uid, nodes, per_node in reservations:
         if uid == exclude_job_uid:
