@@ -8,6 +8,7 @@ against a named instance that is started if needed and left running (fast iterat
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -19,6 +20,7 @@ import pytest
 from kubernetes import client
 
 from verl_operator.devcluster import DevCluster, binaries, load_profile
+from verl_operator.devcluster.layout import COMPONENTS
 from verl_operator.devcluster.process import alive
 from verl_operator.devcluster.versions import cache_dir
 
@@ -28,11 +30,26 @@ SESSION_PROFILE = "mixed"
 Kubectl = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
+def _is_cluster_test(item: pytest.Item) -> bool:
+    return Path(__file__).parent in Path(str(item.fspath)).parents
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
     for item in items:
-        if here in Path(str(item.fspath)).parents:
+        if _is_cluster_test(item):
             item.add_marker(pytest.mark.cluster)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Find or build the control-plane binaries before the first test, outside any test's timeout.
+
+    A cold build takes minutes (see docs/devcluster.md); its progress is shown, not captured.
+    """
+    if not any(_is_cluster_test(item) for item in session.items):
+        return
+    capture = session.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        binaries.ensure((*COMPONENTS, "kubectl", "helm"))
 
 
 def _remove_stale_test_instances() -> None:
