@@ -438,3 +438,47 @@ def test_a_removed_verb_breaks_the_operator(
         raise AssertionError(
             f"{exc}\nstatus: {json.dumps(status, indent=1)[:3000]}\n{dev_mode.operator.output()[-6000:]}"
         ) from None
+
+
+def test_watch_namespace_mode_runs_a_job_with_a_role(
+    helm: Run,
+    devcluster: DevCluster,
+    kube: client.ApiClient,
+    release: Release,
+    example_job: Callable[[str], str],
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    webhook_port = free_port()
+    install(
+        helm,
+        release,
+        "deployment.enabled=false",
+        f"webhook.url=https://127.0.0.1:{webhook_port}",
+        f"watchNamespaces={{{namespace}}}",
+    )
+    rbac = client.RbacAuthorizationV1Api(kube)
+    role = rbac.read_namespaced_role(release.fullname, namespace)
+    assert any("pods" in (rule.resources or []) for rule in role.rules or [])
+    cluster_resources = {
+        r for rule in rbac.read_cluster_role(release.fullname).rules or [] for r in rule.resources or []
+    }
+    assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces"}
+    secret = client.CoreV1Api(kube).read_namespaced_secret(
+        f"{release.fullname}-webhook-tls", release.namespace
+    )
+    tls_dir = tmp_path / "tls"
+    tls_dir.mkdir()
+    for key in ("tls.crt", "tls.key"):
+        (tls_dir / key).write_bytes(base64.b64decode((secret.data or {})[key]))
+    kubeconfig = sa_kubeconfig(devcluster, kube, release, tmp_path / "operator.kubeconfig")
+    operator = start_operator(
+        kubeconfig, webhook_port, tls_dir, tmp_path / "operator.log", f"--namespace={namespace}"
+    )
+    try:
+        name = example_job("grpo-qwen7b-dgx.yaml")
+        wait_for(lambda: job_status(kube, namespace, name).get("phase") == "Running", "phase Running", 120)
+        assert len(job_pods(kube, namespace, name)) == 2
+        assert "Forbidden" not in operator.output()
+    finally:
+        stop_operator(operator)

@@ -235,10 +235,11 @@ def test_namespace_mode_renders_roles_not_a_cluster_wide_grant(helm: str) -> Non
     for role in roles:
         resources = {res for rule in role["rules"] for res in rule["resources"]}
         assert {"verljobs", "verljobs/status", "pods", "configmaps", "services", "events"} <= resources
-    # Only read access to cluster-scoped objects (nodes, the CRD) stays in the ClusterRole.
+    # Only read access to cluster-scoped objects stays in the ClusterRole (kopf follows the namespaces).
     cluster_role = one(objects, "ClusterRole")
     assert sorted(res for rule in cluster_role["rules"] for res in rule["resources"]) == [
         "customresourcedefinitions",
+        "namespaces",
         "nodes",
     ]
     for rule in cluster_role["rules"]:
@@ -255,7 +256,6 @@ def test_cluster_wide_mode_renders_no_role(helm: str) -> None:
     resources = {res for _, rule in rules(objects) for res in rule["resources"]}
     assert resources == {
         "nodes",
-        "namespaces",
         "customresourcedefinitions",
         "verljobs",
         "verljobs/status",
@@ -450,9 +450,13 @@ def granted(objects: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 
 
 def test_rbac_grants_exactly_what_the_operator_documents(helm: str) -> None:
+    """The two modes together grant the documented table: no more (least privilege), no less."""
     always, conditional = documented_grants()
     assert ("", "pods", "create") in always
-    assert granted(render(helm)) == always
+    cluster_wide, namespaced = granted(render(helm)), granted(render(helm, "watchNamespaces={a}"))
+    assert cluster_wide | namespaced == always
+    # Namespaces are read only when kopf follows given namespaces.
+    assert {t for t in always if t[1] == "namespaces"} == namespaced - cluster_wide
     # Volcano PodGroups only on request; the webhook configuration never (the chart manages it).
-    assert granted(render(helm, "rbac.volcano=true")) == always | conditional["podgroups"]
+    assert granted(render(helm, "rbac.volcano=true")) == cluster_wide | conditional["podgroups"]
     assert "validatingwebhookconfigurations" in conditional

@@ -101,12 +101,13 @@ namespace). They match the table "RBAC verbs the operator uses" in docs/operator
 
 {{/*
 The rules of cluster-scoped resources: always a ClusterRole. Nodes feed the placement index; kopf discovers the
-VerlJob resource from its CRD; cluster-wide, kopf also observes namespaces.
+VerlJob resource from its CRD. Watching given namespaces (not cluster-wide), kopf lists and watches namespaces
+to follow them (without the grant it retries for a while, then assumes they exist).
 */}}
 {{- define "verl-operator.clusterRules" -}}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "nodes") "verbs" (list "get" "list" "watch")) }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "apiextensions.k8s.io") "resources" (list "customresourcedefinitions") "verbs" (list "get" "list" "watch")) }}
-{{- if not .Values.watchNamespaces }}
+{{- if .Values.watchNamespaces }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "namespaces") "verbs" (list "get" "list" "watch")) }}
 {{- end }}
 {{- end }}
