@@ -293,3 +293,25 @@ def test_infeasible_everywhere_reports_the_nearest_miss() -> None:
     result = plan_job(make_spec(8, model="Qwen/Qwen2.5-72B-Instruct"), nodes)
     [v] = result.violations
     assert v.rule.startswith("memory-") and "140.4 GiB" in v.message
+
+
+def test_rollout_overrun_suggests_values_that_fit() -> None:
+    result = plan_job(make_spec(8, rollout={"gpuMemoryUtilization": 0.9}), make_nodes(1))
+    [v] = result.violations
+    assert (v.rule, v.field) == ("memory-rollout", "spec.rollout.gpuMemoryUtilization")
+    lower = next(s for s in v.suggestions if s.startswith("use gpuMemoryUtilization"))
+    gmu = float(lower.split()[2])
+    assert plan_job(make_spec(8, rollout={"gpuMemoryUtilization": gmu}), make_nodes(1)).feasible
+    offload = next(s for s in v.suggestions if s.startswith("set spec.offload.optimizer"))
+    assert "up to 0.9 fits" in offload
+    fixed = make_spec(8, rollout={"gpuMemoryUtilization": 0.9}, offload={"optimizer": True})
+    assert plan_job(fixed, make_nodes(1)).feasible
+
+
+def test_kv_cache_shortfall_suggests_a_tp_that_fits() -> None:
+    spec = make_spec(32, model="Qwen/Qwen2.5-72B-Instruct", rollout={"tensorParallelSize": 1})
+    result = plan_job(spec, make_nodes(4))
+    kv = next(v for v in result.violations if v.rule == "kv-cache-max-model-len")
+    tp = int(kv.suggestions[0].split()[3])
+    better = make_spec(32, model="Qwen/Qwen2.5-72B-Instruct", rollout={"tensorParallelSize": tp})
+    assert plan_job(better, make_nodes(4)).feasible

@@ -215,11 +215,8 @@ def memory_violations(p: Problem, s: Settings, est: Estimate) -> list[Violation]
     out: list[Violation] = []
     gib = m / GIB
     phases = (
-        (
-            "rollout",
-            est.rollout,
-            "rollout_tp" if p.pinned("gpu_memory_utilization") else "gpu_memory_utilization",
-        ),
+        # A pinned gpuMemoryUtilization is the field to change; otherwise the resident state is too large.
+        ("rollout", est.rollout, "gpu_memory_utilization"),
         (
             "train",
             est.train,
@@ -239,11 +236,7 @@ def memory_violations(p: Problem, s: Settings, est: Estimate) -> list[Violation]
         parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(phase.parts_gib().items(), key=lambda kv: -kv[1]))
         hints: list[str] = []
         if label == "rollout":
-            if not s.optimizer_offload:
-                hints.append("set spec.offload.optimizer: true")
-            if not s.param_offload:
-                hints.append("set spec.offload.params: true")
-            hints.append("lower spec.rollout.gpuMemoryUtilization")
+            hints += _rollout_hints(p, s)
         elif label == "train":
             hints.append(
                 "use a larger spec.parallelism.sequenceParallelSize or a smaller micro-batch / token budget"
@@ -275,14 +268,64 @@ def memory_violations(p: Problem, s: Settings, est: Estimate) -> list[Violation]
                     f"vLLM's KV cache holds {est.kv_cache_tokens} tokens per replica at TP {s.rollout_tp} and "
                     f"gpuMemoryUtilization {s.gpu_memory_utilization}, fewer than one {need}-token sequence"
                 ),
-                suggestions=[
-                    "use a larger rollout tensorParallelSize",
-                    "raise gpuMemoryUtilization",
-                    "offload",
-                ],
+                suggestions=_kv_hints(p, s),
             )
         )
     return out
+
+
+def _max_gmu(p: Problem, s: Settings) -> float:
+    return max_gpu_memory_utilization(_memory_inputs(p, s, s.world))
+
+
+def _rollout_hints(p: Problem, s: Settings) -> list[str]:
+    """Changes that make the rollout peak fit, with the gpuMemoryUtilization each allows."""
+    hints: list[str] = []
+    current = _max_gmu(p, s)
+    if current > 0:
+        hints.append(f"use gpuMemoryUtilization {current} or less")
+    options = []
+    if not s.optimizer_offload:
+        options.append(("set spec.offload.optimizer: true", replace(s, optimizer_offload=True)))
+    if not s.param_offload:
+        options.append(("set spec.offload.params: true", replace(s, param_offload=True)))
+    if not s.param_offload and not s.optimizer_offload:
+        options.append(
+            (
+                "set spec.offload.params and optimizer: true",
+                replace(s, param_offload=True, optimizer_offload=True),
+            )
+        )
+    for text, changed in options:
+        gmu = _max_gmu(p, changed)
+        if gmu > current:
+            hints.append(f"{text} (then gpuMemoryUtilization up to {gmu} fits)")
+    return hints
+
+
+def _kv_hints(p: Problem, s: Settings) -> list[str]:
+    """Changes that give vLLM room for one ``max_model_len`` sequence."""
+    hints: list[str] = []
+    for k in (2, 4, 8):
+        tp = s.rollout_tp * k
+        if p.shape.attention_heads % tp == 0 and s.world % tp == 0:
+            kv = estimate(_memory_inputs(p, replace(s, rollout_tp=tp), s.world)).kv_cache_tokens
+            if kv >= p.model_len:
+                hints.append(f"use rollout tensorParallelSize {tp} ({kv} KV-cache tokens per replica)")
+                break
+    limit = _max_gmu(p, s)
+    step = 0.05
+    gmu = round(s.gpu_memory_utilization + step, 2)
+    while gmu <= limit + 1e-9:
+        kv = estimate(_memory_inputs(p, replace(s, gpu_memory_utilization=gmu), s.world)).kv_cache_tokens
+        if kv >= p.model_len:
+            hints.append(f"use gpuMemoryUtilization {gmu} ({kv} KV-cache tokens per replica)")
+            break
+        gmu = round(gmu + step, 2)
+    have = estimate(_memory_inputs(p, s, s.world)).kv_cache_tokens
+    if have > 0:
+        hints.append(f"or shorten maxPromptLength + maxResponseLength to {have} tokens or fewer")
+    return hints
 
 
 def _const(vs: list[Violation]) -> Callable[[], list[Violation]]:
