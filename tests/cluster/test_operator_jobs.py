@@ -345,6 +345,55 @@ def test_topology_mismatch_is_not_retried(jobs: Jobs) -> None:
     assert status["reason"] == "TopologyMismatch" and status.get("restarts", 0) == 0
 
 
+def test_head_pod_success_completes_the_job(jobs: Jobs) -> None:
+    assert jobs.apply(job("done", 16, 8, resources={"nodeSelector": DGX})).returncode == 0
+    jobs.wait_phase("done", "Running")
+    head = next(
+        p for p in jobs.running_pods("done", 2) if p.metadata.labels["verl-operator.io/role"] == "head"
+    )
+    # No kubelet here: write what a kubelet reports when the launcher exits 0.
+    terminated = {"exitCode": 0, "reason": "Completed"}
+    jobs.core.patch_namespaced_pod_status(
+        head.metadata.name,
+        jobs.ns,
+        {
+            "status": {
+                "phase": "Succeeded",
+                "containerStatuses": [
+                    {
+                        "name": "ray",
+                        "image": IMAGE,
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"terminated": terminated},
+                    }
+                ],
+            }
+        },
+    )
+    status = jobs.wait_phase("done", "Succeeded")
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Complete"]["status"] == "True" and conditions["Ready"]["status"] == "True"
+    assert status["completionTime"]
+
+    def workers_released() -> bool:
+        live = [p for p in jobs.pods("done") if not p.metadata.deletion_timestamp]
+        return all(p.metadata.labels["verl-operator.io/role"] == "head" for p in live)
+
+    wait_for(workers_released, "the workers released after the run")
+
+
+def test_active_deadline_fails_the_job(jobs: Jobs) -> None:
+    assert (
+        jobs.apply(job("late", 8, 8, resources={"nodeSelector": DGX}, activeDeadlineSeconds=2)).returncode
+        == 0
+    )
+    status = jobs.wait_phase("late", "Failed", timeout=20)
+    assert status["reason"] == "DeadlineExceeded"
+    wait_for(lambda: all(p.metadata.deletion_timestamp for p in jobs.pods("late")) or None, "pods deleted")
+
+
 def test_ttl_deletes_the_finished_job_and_its_children(jobs: Jobs) -> None:
     manifest = job("ttl", 8, 8, resources={"nodeSelector": DGX}, ttlSecondsAfterFinished=1)
     assert jobs.apply(manifest).returncode == 0
