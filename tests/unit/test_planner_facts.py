@@ -105,6 +105,14 @@ def test_ready(conditions: list[dict[str, str]] | None, ready: bool) -> None:
             id="wrong-product",
         ),
         pytest.param(
+            make_node(
+                "a", product="NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", labels={"nvidia.com/mig.strategy": "single"}
+            ),
+            {},
+            "MIG",
+            id="mig-slices",
+        ),
+        pytest.param(
             make_node("a"), {"resources": {"nodeSelector": {"pool": "rl"}}}, "pool=rl", id="selector"
         ),
         pytest.param(

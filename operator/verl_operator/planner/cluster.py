@@ -79,6 +79,11 @@ def exclusion_reason(node: NodeFacts, spec: VerlJobSpec) -> str | None:
         return "not Ready"
     if not node.schedulable:
         return "cordoned (spec.unschedulable)"
+    if (
+        "-MIG-" in normalise_product(node.gpu_product)
+        or node.labels.get("nvidia.com/mig.strategy") == "single"
+    ):
+        return "MIG slices (nvidia.com/mig.strategy=single): capacity is not whole GPUs"
     if node.gpu_replicas > 1:
         return (
             f"time-sliced GPUs (nvidia.com/gpu.replicas={node.gpu_replicas}): capacity is not physical GPUs"
