@@ -239,6 +239,60 @@ def test_example_plans_and_lands_on_two_whole_nodes_of_one_rack(jobs: Jobs) -> N
     assert "Running" in table and status["mesh"] in table and status["nodes"] in table
 
 
+def gpu_pod(name: str, node: str, gpus: int) -> dict[str, Any]:
+    """A plain pod (not a VerlJob's) holding GPUs on ``node``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [
+                {"name": "c", "image": "busy", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+            ],
+        },
+    }
+
+
+def test_waiting_example_waits_for_capacity_then_runs(jobs: Jobs) -> None:
+    assert jobs.apply(EXAMPLES / "grpo-qwen7b-dgx.yaml").returncode == 0
+    jobs.wait_phase("grpo-qwen7b", "Running")
+    taken = {p.spec.node_name for p in jobs.running_pods("grpo-qwen7b", 2)}
+    h100 = sorted(
+        n.metadata.name
+        for n in jobs.core.list_node(label_selector="nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3").items
+    )
+    others = [n for n in h100 if n not in taken][:2]
+    for i, node in enumerate(others):  # GPUs held by pods that are not VerlJob pods count as busy
+        jobs.core.create_namespaced_pod(jobs.ns, gpu_pod(f"other-{i}", node, 8))
+    wait_for(
+        lambda: (
+            all(
+                p.status.phase == "Running"
+                for p in jobs.core.list_namespaced_pod(jobs.ns, label_selector="!verl-operator.io/job").items
+            )
+            or None
+        ),
+        "the other GPU pods running",
+    )
+    assert jobs.apply(EXAMPLES / "waits-for-capacity.yaml").returncode == 0
+    status = jobs.wait_phase("grpo-qwen14b-wait", "Pending")
+    assert "job needs 3 nodes with 8 free GPUs" in status["message"]
+    assert jobs.pods("grpo-qwen14b-wait") == []
+    jobs.delete("grpo-qwen7b")
+    status = jobs.wait_phase("grpo-qwen14b-wait", "Running")
+    nodes = {p.spec.node_name for p in jobs.running_pods("grpo-qwen14b-wait", 3)}
+    assert nodes.isdisjoint(others), "never placed on the nodes the other pods hold"
+
+
+def test_gb200_example_stays_inside_one_clique(jobs: Jobs) -> None:
+    assert jobs.apply(EXAMPLES / "gb200-clique.yaml").returncode == 0
+    jobs.wait_phase("gb200-clique", "Running")
+    pods = jobs.running_pods("gb200-clique", 4)
+    cliques = {node_labels(jobs, p.spec.node_name).get(GPU_CLIQUE) for p in pods}
+    assert len(cliques) == 1 and None not in cliques
+
+
 def test_rejected_example_prints_the_violation_and_suggestions(jobs: Jobs) -> None:
     applied = jobs.apply(EXAMPLES / "rejected-batch-size.yaml")
     assert applied.returncode != 0
