@@ -82,6 +82,27 @@ CASES = [
     ),
     pytest.param(
         rules.batch_divisible_by_world,
+        {"version": "0.6"},
+        {"world": 8, "train_batch_size": 4, "rollout_n": 1, "rollout_tp": 2, "dynamic_batch_size": True},
+        "batch-divisible-by-dp",
+        id="batch-0.6-dynamic-4-over-8-dp",
+    ),
+    pytest.param(
+        rules.batch_divisible_by_world,
+        {"version": "0.6"},
+        {
+            "world": 8,
+            "train_batch_size": 4,
+            "rollout_n": 1,
+            "rollout_tp": 2,
+            "sequence_parallel_size": 2,
+            "dynamic_batch_size": True,
+        },
+        None,
+        id="batch-0.6-dynamic-4-over-sp2-tp2",
+    ),
+    pytest.param(
+        rules.batch_divisible_by_world,
         {},
         {"world": 6, "train_batch_size": 64, "rollout_n": 1, "dynamic_batch_size": True},
         None,

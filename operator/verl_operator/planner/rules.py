@@ -58,20 +58,26 @@ def padded_trajectories(s: Settings, critic: bool) -> int:
 
 
 def batch_divisible_by_world(p: Problem, s: Settings) -> list[Violation]:
-    """Rule 1: without dynamic batch size, ``train_batch_size x n`` must divide evenly over the GPUs."""
+    """Rule 1: without dynamic batch size, ``train_batch_size x n`` must divide evenly over the GPUs.
+
+    With dynamic batch size, verl 0.6 still chunks the batch evenly over the training and rollout data-parallel
+    ranks (``DataProto.chunk`` without padding); verl >= 0.7 pads instead.
+    """
     if s.dynamic_batch_size:
-        if p.version == "0.6" and s.trajectories % s.data_parallel_size:
-            dp = s.data_parallel_size
+        # verl 0.6 splits the batch evenly over the actor's DP ranks and the rollout's (world / TP) ranks.
+        unit = math.lcm(s.data_parallel_size, max(1, s.world // s.rollout_tp))
+        if p.version == "0.6" and s.trajectories % unit:
             return [
                 Violation(
                     field=_field(p, "train_batch_size"),
                     rule="batch-divisible-by-dp",
                     message=(
                         f"{s.train_batch_size} x {s.rollout_n} = {s.trajectories} trajectories per step is not "
-                        f"divisible by data-parallel size {dp} (verl 0.6 splits the batch evenly)"
+                        f"divisible by {unit} (verl 0.6 splits the batch evenly over {s.data_parallel_size} "
+                        f"training and {s.world // s.rollout_tp} rollout data-parallel ranks)"
                     ),
                     suggestions=[
-                        f"use trainBatchSize {_or(nearest(s.train_batch_size, lambda t: t * s.rollout_n % dp == 0))}"
+                        f"use trainBatchSize {_or(nearest(s.train_batch_size, lambda t: t * s.rollout_n % unit == 0))}"
                     ],
                 )
             ]

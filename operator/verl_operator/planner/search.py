@@ -373,7 +373,9 @@ def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found 
                 gpus_per_node=layout.gpus_per_node,
                 train_batch_size=tb,
                 rollout_n=n,
-                rollout_tp=fixed.rollout_tp or 1,
+                # The rollout TP is chosen last; the most lenient placeholder keeps early checks from rejecting
+                # a candidate that a larger TP would make valid (the final check uses the real TP).
+                rollout_tp=fixed.rollout_tp or layout.gpus_per_node,
                 gpu_memory_utilization=fixed.gpu_memory_utilization or 0.5,
                 sequence_parallel_size=sp,
                 fsdp_size=fsdp,
