@@ -55,13 +55,17 @@ def build_argv(spec: LaunchSpec, attempt: int) -> list[str]:
     return argv
 
 
-def ray_address(spec: LaunchSpec) -> str:
+def head_address(spec: LaunchSpec) -> str:
     """The Ray GCS address every process of the job uses (``head.host:head.port``)."""
     return f"{spec.head.host}:{spec.head.port}"
 
 
 def build_env(
-    spec: LaunchSpec, base_env: Mapping[str, str], *, with_ray_address: bool = True
+    spec: LaunchSpec,
+    base_env: Mapping[str, str],
+    *,
+    with_ray_address: bool = True,
+    ray_address: str | None = None,
 ) -> dict[str, str]:
     """The environment verl (and the Ray node processes) run with.
 
@@ -72,6 +76,7 @@ def build_env(
         spec: The launch spec.
         base_env: The launcher's own environment.
         with_ray_address: Add ``RAY_ADDRESS`` (verl's ``ray.init()`` joins the job's cluster through it).
+        ray_address: Its value; default ``head.host:head.port`` (the head passes its local address).
 
     Returns:
         A new dict.
@@ -82,5 +87,5 @@ def build_env(
     for name, value in VERL_RECOMMENDED_ENV.items():
         env.setdefault(name, value)
     if with_ray_address:
-        env.setdefault("RAY_ADDRESS", ray_address(spec))
+        env.setdefault("RAY_ADDRESS", ray_address or head_address(spec))
     return env

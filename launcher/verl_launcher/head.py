@@ -1,0 +1,174 @@
+"""``verl-launcher head``: start the Ray head, wait for the planned cluster, check every node, run verl."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from verl_launcher.check import check_nodes
+from verl_launcher.exits import ExitCode, LauncherError, Outcome
+from verl_launcher.processes import Child
+from verl_launcher.progress import ProgressTracker
+from verl_launcher.ray_cluster import (
+    RayCluster,
+    RayNode,
+    RayOptions,
+    head_start_argv,
+    lost_nodes,
+    wait_for_cluster,
+)
+from verl_launcher.spec import LaunchSpec
+from verl_launcher.verl import build_argv, build_env
+
+#: Default progress file (``--progress-file`` / ``$VERL_LAUNCHER_PROGRESS_FILE``).
+DEFAULT_PROGRESS_FILE = "/tmp/verl-progress.json"
+
+
+@dataclass(frozen=True)
+class HeadOptions:
+    """Knobs of the head run.
+
+    Attributes:
+        ray: How ``ray start`` runs.
+        attempt: ``VERL_OPERATOR_ATTEMPT``.
+        progress_file: Where the progress JSON goes.
+        poll_s: Seconds between node-liveness checks while verl runs (and readiness polls).
+        stop_grace_s: Seconds verl and Ray get between SIGTERM and SIGKILL.
+    """
+
+    ray: RayOptions
+    attempt: int = 0
+    progress_file: Path = Path(DEFAULT_PROGRESS_FILE)
+    poll_s: float = 2.0
+    stop_grace_s: float = 30.0
+
+
+def log(message: str) -> None:
+    """Print a launcher status line (always flushed, so it interleaves correctly with children)."""
+    print(f"verl-launcher: {message}", flush=True)
+
+
+def _connect(address: str, head: Child, deadline: float) -> RayCluster:
+    last = ""
+    while True:
+        if head.poll() is not None:
+            tail = " | ".join(head.last_lines[-3:])
+            raise LauncherError(
+                ExitCode.CLUSTER_NOT_READY, f"`ray start --head` exited with code {head.poll()}: {tail}"
+            )
+        try:
+            return RayCluster(address)
+        except Exception as exc:  # ray raises ConnectionError and others while the GCS comes up
+            last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            try:
+                import ray
+
+                ray.shutdown()
+            except Exception:
+                pass
+        if time.monotonic() >= deadline:
+            raise LauncherError(
+                ExitCode.CLUSTER_NOT_READY, f"could not connect to the local Ray head at {address}: {last}"
+            )
+        time.sleep(1.0)
+
+
+def _watch_verl(
+    verl: Child, head: Child, cluster: RayCluster, nodes: list[RayNode], options: HeadOptions
+) -> int:
+    """Wait for verl; stop it and raise WORKER_LOST when a node of the cluster vanishes."""
+    while True:
+        try:
+            return verl.wait(timeout=options.poll_s)
+        except Exception:
+            pass
+        if head.poll() is not None:
+            verl.stop(options.stop_grace_s)
+            raise LauncherError(
+                ExitCode.WORKER_LOST,
+                f"the head's Ray processes exited (code {head.poll()}) while verl was running",
+            )
+        try:
+            current = cluster.nodes()
+        except Exception as exc:
+            log(f"cannot read the Ray node table: {exc}")
+            continue
+        lost = lost_nodes(nodes, current)
+        if lost:
+            log("Ray node(s) vanished: " + ", ".join(n.describe() for n in lost) + "; stopping verl")
+            verl.stop(options.stop_grace_s)
+            raise LauncherError(
+                ExitCode.WORKER_LOST,
+                f"{len(lost)} of {len(nodes)} Ray node(s) vanished while verl was running: "
+                + ", ".join(f"{n.describe()} id {n.node_id[:12]}" for n in lost),
+            )
+
+
+def run_head(spec: LaunchSpec, options: HeadOptions, env: Mapping[str, str]) -> Outcome:
+    """Run the head's whole life: Ray head, cluster wait, probe check, verl, teardown.
+
+    Args:
+        spec: The launch spec.
+        options: Head options.
+        env: The launcher's environment (the pod's).
+
+    Returns:
+        ``SUCCEEDED`` or ``VERL_FAILED`` with a message.
+
+    Raises:
+        LauncherError: ``CLUSTER_NOT_READY``, ``TOPOLOGY_MISMATCH`` or ``WORKER_LOST``.
+    """
+    started = time.monotonic()
+    deadline = started + spec.timeouts.cluster_ready_seconds
+    local_address = f"127.0.0.1:{spec.head.port}"
+    argv = head_start_argv(spec, options.ray)
+    log("starting the Ray head: " + " ".join(argv))
+    head = Child(argv, build_env(spec, env, with_ray_address=False), prefix="[ray-head] ")
+    cluster: RayCluster | None = None
+    verl: Child | None = None
+    try:
+        cluster = _connect(local_address, head, deadline)
+        nodes = wait_for_cluster(
+            cluster.nodes,
+            spec,
+            deadline_s=max(0.0, deadline - time.monotonic()),
+            poll_s=options.poll_s,
+        )
+        log(
+            f"cluster ready after {time.monotonic() - started:.1f}s: "
+            + ", ".join(n.describe() for n in nodes)
+        )
+        probes = cluster.probes(nodes)
+        for probe in probes:
+            log("probe " + json.dumps(probe.to_dict(), separators=(",", ":")))
+        problems = check_nodes(probes, spec)
+        if problems:
+            raise LauncherError(ExitCode.TOPOLOGY_MISMATCH, "; ".join(problems))
+        verl_argv = build_argv(spec, options.attempt)
+        verl_env = build_env(spec, env, ray_address=local_address)
+        tracker = ProgressTracker(path=options.progress_file)
+
+        def on_line(line: str) -> str | None:
+            summary = tracker.feed(line)
+            return None if summary is None else "VERL_PROGRESS " + json.dumps(summary, separators=(",", ":"))
+
+        log("running verl: " + json.dumps(verl_argv))
+        verl = Child(verl_argv, verl_env, on_line=on_line)
+        code = _watch_verl(verl, head, cluster, nodes, options)
+        where = f"step {tracker.step}" + (f" of {tracker.total_steps}" if tracker.total_steps else "")
+        if code == 0:
+            return Outcome(ExitCode.SUCCEEDED, f"verl finished at {where}")
+        tail = next((line for line in reversed(verl.last_lines) if line.strip()), "")
+        return Outcome(ExitCode.VERL_FAILED, f"verl exited with code {code} at {where}: {tail}")
+    finally:
+        if verl is not None and verl.poll() is None:
+            verl.stop(options.stop_grace_s)
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close()
+        log("stopping the Ray head")
+        head.stop(options.stop_grace_s)
