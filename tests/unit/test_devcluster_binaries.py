@@ -132,3 +132,16 @@ def test_every_binary_has_a_group_and_a_version() -> None:
         "kwok",
         "helm",
     }
+
+
+def test_a_marked_directory_missing_a_binary_is_rebuilt_not_trusted(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The marker alone does not make a deleted binary appear: ensure goes on to build it (no Go here)."""
+    directory = binaries.bin_dir(binaries.KWOK)
+    directory.mkdir(parents=True)
+    (directory / binaries.MARKER).write_text("{}")
+    monkeypatch.setenv("PATH", str(isolated / "empty"))
+    assert binaries.find("kwok") is None
+    with pytest.raises(binaries.BinaryError, match="Go toolchain"):
+        binaries.ensure(("kwok",), progress=lambda _m: None)

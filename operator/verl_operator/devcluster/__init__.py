@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from verl_operator.devcluster.cluster import DevCluster, DevClusterError, DevClusterStatus
+from verl_operator.devcluster.cluster import DevCluster, DevClusterError
 from verl_operator.devcluster.profiles import DEFAULT_PROFILE, Profile, ProfileError, load_profile
+from verl_operator.devcluster.status import DevClusterStatus
 
 __all__ = [
     "DEFAULT_PROFILE",

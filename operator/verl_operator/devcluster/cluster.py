@@ -10,86 +10,32 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import re
 import shutil
-import ssl
+import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from verl_operator.devcluster import binaries, certs, nodes, process
-from verl_operator.devcluster.kubeconfig import write_kubeconfig
+from verl_operator.devcluster import binaries, health, instance_files, nodes, process
 from verl_operator.devcluster.layout import COMPONENTS, Layout, apiserver_url, component_argv
 from verl_operator.devcluster.ports import PORT_NAMES, pick_free_ports, port_is_free
 from verl_operator.devcluster.profiles import DEFAULT_PROFILE, Profile, load_profile
+from verl_operator.devcluster.status import ComponentStatus, DevClusterStatus
 from verl_operator.devcluster.versions import cache_dir
 
 #: Seconds to wait for each component to become healthy (cold start of the API server takes ~10 s).
 START_TIMEOUT = 120.0
 
-#: The client identity (certificate CN and O) of each component and of the admin kubeconfig.
-IDENTITIES: dict[str, tuple[str, str | None]] = {
-    "admin": ("verl-operator-admin", "system:masters"),
-    "kube-controller-manager": ("system:kube-controller-manager", None),
-    "kube-scheduler": ("system:kube-scheduler", None),
-    "kwok": ("kwok-controller", "system:masters"),
-}
-
-#: Written after every certificate and key of an instance was generated.
-_PKI_COMPLETE = ".complete"
-
-_HEALTH_PORT = {"kube-controller-manager": "controller_manager", "kube-scheduler": "scheduler"}
+_INSTANCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 class DevClusterError(RuntimeError):
     """The devcluster could not be started or used (the message names the component and shows its log)."""
-
-
-@dataclass(frozen=True)
-class ComponentStatus:
-    """A component's pid and whether it runs."""
-
-    name: str
-    pid: int | None
-    running: bool
-    log: Path
-
-
-@dataclass(frozen=True)
-class DevClusterStatus:
-    """What ``status()`` reports."""
-
-    name: str
-    directory: Path
-    running: bool
-    server: str | None
-    kubeconfig: Path | None
-    profiles: tuple[str, ...]
-    components: tuple[ComponentStatus, ...]
-    nodes: tuple[nodes.NodeRow, ...] = field(default=())
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-friendly dict."""
-        return {
-            "name": self.name,
-            "directory": str(self.directory),
-            "running": self.running,
-            "server": self.server,
-            "kubeconfig": str(self.kubeconfig) if self.kubeconfig else None,
-            "profiles": list(self.profiles),
-            "components": [
-                {"name": c.name, "pid": c.pid, "running": c.running, "log": str(c.log)}
-                for c in self.components
-            ],
-            "nodes": [n.as_dict() for n in self.nodes],
-        }
 
 
 class DevCluster:
@@ -119,12 +65,14 @@ class DevCluster:
             base_dir: The instance directory (default ``<cache>/devclusters/<name>``).
             progress: Receives progress lines (default: stderr).
         """
-        if not name or not name.replace("-", "").isalnum() or name != name.lower():
+        if not _INSTANCE_NAME.match(name):
             raise DevClusterError(f"instance name {name!r} must be lowercase letters, digits and '-'")
         self.name = name
         self.profile = profile
         self.layout = Layout(base_dir or cache_dir() / "devclusters" / name)
-        self._say = progress or (lambda message: print(f"[devcluster {name}] {message}", flush=True))
+        self._say = progress or (
+            lambda message: print(f"[devcluster {name}] {message}", file=sys.stderr, flush=True)
+        )
 
     # -- files -------------------------------------------------------------------------------------------
 
@@ -157,48 +105,6 @@ class DevCluster:
             PORT_NAMES, avoid=_ports_of_other_instances(self.layout.base.parent, self.name)
         )
 
-    def _write_pki(self) -> None:
-        pki = self.layout.pki
-        if (pki / _PKI_COMPLETE).is_file():
-            return
-        pki.mkdir(parents=True, exist_ok=True)
-        ca = certs.write_ca(pki, f"verl-devcluster-{self.name}-ca")
-        certs.write_signed(
-            ca,
-            pki,
-            "apiserver",
-            "kube-apiserver",
-            server_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
-            server_ips=("127.0.0.1", "10.96.0.1"),
-        )
-        for who, (cn, org) in IDENTITIES.items():
-            certs.write_signed(ca, pki, who, cn, organization=org)
-        certs.write_service_account_keys(pki)
-        front_proxy = certs.write_ca(
-            pki, f"verl-devcluster-{self.name}-front-proxy-ca", stem="front-proxy-ca"
-        )
-        certs.write_signed(front_proxy, pki, "front-proxy-client", "front-proxy-client")
-        (pki / _PKI_COMPLETE).write_text("")
-
-    def _write_kubeconfigs(self, ports: dict[str, int]) -> None:
-        pki = self.layout.pki
-        server = apiserver_url(ports)
-        cluster_name = f"verl-devcluster-{self.name}"
-        for who, (cn, _) in IDENTITIES.items():
-            path = self.layout.kubeconfig if who == "admin" else self.layout.component_kubeconfig(who)
-            pair = certs.CertPair(pki / f"{who}.crt", pki / f"{who}.key")
-            write_kubeconfig(path, cluster_name, server, pki / "ca.crt", pair, cn)
-
-    def _write_kwok_config(self) -> None:
-        stages = resources.files("verl_operator.devcluster") / "stages"
-        documents = [
-            "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions:\n"
-            "  enableCNI: false\n",
-            (stages / "node.yaml").read_text(),
-            (stages / "pod.yaml").read_text(),
-        ]
-        self.layout.kwok_config.write_text("\n---\n".join(documents))
-
     # -- lifecycle ---------------------------------------------------------------------------------------
 
     def running_components(self) -> dict[str, bool]:
@@ -213,13 +119,15 @@ class DevCluster:
     def is_running(self) -> bool:
         """Every component runs and the API server answers ``/readyz``."""
         state = self._state()
-        return all(self.running_components().values()) and self._apiserver_ready(state.get("ports", {}))
+        return all(self.running_components().values()) and health.apiserver_ready(
+            state.get("ports", {}), self.layout.pki
+        )
 
     def up(self, profile: str | None = None, timeout: float = START_TIMEOUT) -> DevCluster:
         """Start the instance (building binaries first if needed) and apply its profile.
 
-        Idempotent: when everything already runs, only the profile's nodes are (re)applied. A partly running
-        instance is stopped and started again on its existing data.
+        Idempotent: when every process already runs, only the profile's nodes are (re)applied. A partly
+        running instance (one process died) is stopped and started again on its existing data.
 
         Args:
             profile: Overrides the profile given to the constructor.
@@ -234,8 +142,10 @@ class DevCluster:
         """
         loaded = load_profile(profile or self.profile)
         with self._instance_lock():
-            if self.is_running():
-                self._say(f"already running ({apiserver_url(self._state()['ports'])})")
+            if all(self.running_components().values()):
+                # Already running: wait for the API (it may be busy) rather than restarting anything.
+                self._wait_healthy("kube-apiserver", self.pids()["kube-apiserver"], self.ports(), timeout)
+                self._say(f"already running ({apiserver_url(self.ports())})")
             else:
                 self._start(timeout)
             self.apply_profile(loaded)
@@ -268,9 +178,9 @@ class DevCluster:
         for directory in (self.layout.logs, self.layout.etcd_data):
             directory.mkdir(parents=True, exist_ok=True)
         self.layout.etcd_data.chmod(0o700)
-        self._write_pki()
-        self._write_kubeconfigs(ports)
-        self._write_kwok_config()
+        instance_files.write_pki(self.layout, self.name)
+        instance_files.write_kubeconfigs(self.layout, self.name, ports)
+        instance_files.write_kwok_config(self.layout)
         started = time.monotonic()
         try:
             for component in COMPONENTS:
@@ -299,44 +209,25 @@ class DevCluster:
         while time.monotonic() < deadline:
             if not process.alive(pid):
                 raise self._fail(component, "exited during start")
-            if self._healthy(component, ports):
+            if health.component_healthy(component, ports, self.layout.pki):
                 return
             time.sleep(0.2)
         raise self._fail(component, f"did not become healthy within {timeout:.0f}s")
 
-    def _healthy(self, component: str, ports: dict[str, int]) -> bool:
-        if component == "etcd":
-            return _get(f"http://127.0.0.1:{ports['etcd_client']}/health", None) == 200
-        if component == "kube-apiserver":
-            return self._apiserver_ready(ports)
-        if component in _HEALTH_PORT:
-            # Their serving certificates are self-signed in memory; only loopback is contacted.
-            insecure = ssl.create_default_context()
-            insecure.check_hostname = False
-            insecure.verify_mode = ssl.CERT_NONE
-            return _get(f"https://127.0.0.1:{ports[_HEALTH_PORT[component]]}/healthz", insecure) == 200
-        return _get(f"http://127.0.0.1:{ports['kwok']}/healthz", None) == 200
-
-    def _apiserver_ready(self, ports: dict[str, int]) -> bool:
-        if "apiserver" not in ports or not (self.layout.pki / "admin.crt").is_file():
-            return False
-        context = ssl.create_default_context(cafile=str(self.layout.pki / "ca.crt"))
-        context.load_cert_chain(str(self.layout.pki / "admin.crt"), str(self.layout.pki / "admin.key"))
-        return _get(f"{apiserver_url(ports)}/readyz", context) == 200
-
     def _wait_default_service_account(self, timeout: float) -> None:
-        core = client.CoreV1Api(self.api_client())
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                core.read_namespaced_service_account("default", "default")
-                return
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-            if not process.alive(self._state()["processes"]["kube-controller-manager"]["pid"]):
-                raise self._fail("kube-controller-manager", "exited")
-            time.sleep(0.2)
+        with self.api_client() as api:
+            core = client.CoreV1Api(api)
+            while time.monotonic() < deadline:
+                try:
+                    core.read_namespaced_service_account("default", "default")
+                    return
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+                if not self.running_components()["kube-controller-manager"]:
+                    raise self._fail("kube-controller-manager", "exited")
+                time.sleep(0.2)
         raise self._fail("kube-controller-manager", "did not create the 'default' ServiceAccount in time")
 
     def _stop_processes(self) -> None:
@@ -427,7 +318,7 @@ class DevCluster:
             )
             for c in COMPONENTS
         )
-        up = all(running.values()) and self._apiserver_ready(state.get("ports", {}))
+        up = all(running.values()) and health.apiserver_ready(state.get("ports", {}), self.layout.pki)
         rows: tuple[nodes.NodeRow, ...] = ()
         if up and with_nodes:
             with self.api_client() as api:
@@ -451,17 +342,6 @@ class DevCluster:
     def pids(self) -> dict[str, int]:
         """The pid of each started component."""
         return {c: int(e["pid"]) for c, e in self._state().get("processes", {}).items()}
-
-
-def _get(url: str, context: ssl.SSLContext | None) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2, context=context) as response:  # loopback only
-            status: int = response.status
-            return status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError):
-        return None
 
 
 def _ports_of_other_instances(devclusters_dir: Path, own: str) -> set[int]:

@@ -1,0 +1,154 @@
+"""The pinned binaries: what each is, which version it must report, where its group is cached."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from verl_operator.devcluster.versions import (
+    ETCD_VERSION,
+    HELM_VERSION,
+    KUBERNETES_VERSION,
+    KWOK_VERSION,
+    cache_dir,
+)
+
+#: Written into a bin directory after every binary of its group was built or verified.
+MARKER = ".verl-operator-complete"
+
+#: Receives one line per build step.
+Progress = Callable[[str], None]
+
+
+class BinaryError(RuntimeError):
+    """A binary could not be found or built."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One executable: how to ask its version and how to build it."""
+
+    name: str
+    version: str
+    version_argv: tuple[str, ...]
+    #: The Go package to build (relative ``./dir`` for a package of the generated module).
+    package: str
+
+
+@dataclass(frozen=True)
+class ToolGroup:
+    """Binaries built together from one generated Go module into one cache directory."""
+
+    name: str
+    version: str
+    bin_subdir: str
+    tools: tuple[Tool, ...]
+    ldflags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Located:
+    """A binary that was found: its path, the version it reported and where it came from."""
+
+    name: str
+    path: Path
+    version: str
+    source: str
+
+
+def _kube_tool(name: str) -> Tool:
+    return Tool(name, KUBERNETES_VERSION, ("--version",), f"k8s.io/kubernetes/cmd/{name}")
+
+
+KUBERNETES = ToolGroup(
+    name="kubernetes",
+    version=KUBERNETES_VERSION,
+    bin_subdir=KUBERNETES_VERSION,
+    tools=(
+        _kube_tool("kube-apiserver"),
+        _kube_tool("kube-controller-manager"),
+        _kube_tool("kube-scheduler"),
+        Tool("kubectl", KUBERNETES_VERSION, ("version", "--client"), "k8s.io/kubernetes/cmd/kubectl"),
+        Tool("etcd", ETCD_VERSION, ("--version",), "./etcd"),
+    ),
+    # Without these the binaries report v0.0.0 and kubectl warns about version skew.
+    ldflags=(
+        f"-X k8s.io/component-base/version.gitVersion={KUBERNETES_VERSION}",
+        f"-X k8s.io/component-base/version.gitMajor={KUBERNETES_VERSION.removeprefix('v').split('.')[0]}",
+        f"-X k8s.io/component-base/version.gitMinor={KUBERNETES_VERSION.split('.')[1]}",
+        f"-X k8s.io/client-go/pkg/version.gitVersion={KUBERNETES_VERSION}",
+    ),
+)
+
+KWOK = ToolGroup(
+    name="kwok",
+    version=KWOK_VERSION,
+    bin_subdir=f"kwok-{KWOK_VERSION}",
+    tools=(Tool("kwok", KWOK_VERSION, ("--version",), "sigs.k8s.io/kwok/cmd/kwok"),),
+    ldflags=(f"-X sigs.k8s.io/kwok/pkg/consts.Version={KWOK_VERSION.removeprefix('v')}",),
+)
+
+HELM = ToolGroup(
+    name="helm",
+    version=HELM_VERSION,
+    bin_subdir=f"helm-{HELM_VERSION}",
+    tools=(Tool("helm", HELM_VERSION, ("version", "--short"), "helm.sh/helm/v3/cmd/helm"),),
+    ldflags=(f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",),
+)
+
+GROUPS: dict[str, ToolGroup] = {g.name: g for g in (KUBERNETES, KWOK, HELM)}
+#: Which group builds which binary.
+GROUP_OF: dict[str, ToolGroup] = {t.name: g for g in GROUPS.values() for t in g.tools}
+
+
+def version_matches(output: str, version: str) -> bool:
+    """Whether a ``--version`` output reports exactly ``version`` (with or without the leading ``v``).
+
+    Args:
+        output: What the binary printed.
+        version: The pinned tag, e.g. ``v1.34.4``.
+
+    Returns:
+        True when the number appears as a whole token (``v1.34.4`` does not match ``v1.34.40``).
+    """
+    number = re.escape(version.removeprefix("v"))
+    return re.search(rf"(?<![\w.])v?{number}(?![\w.])", output) is not None
+
+
+def reported_version(path: Path, tool: Tool) -> str | None:
+    """Run ``path`` with the tool's version arguments and return its output, or None if it fails."""
+    try:
+        done = subprocess.run(
+            [str(path), *tool.version_argv], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return (done.stdout + done.stderr).strip()
+
+
+def verified(path: Path, tool: Tool, source: str) -> Located | None:
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        return None
+    output = reported_version(path, tool)
+    if output is None or not version_matches(output, tool.version):
+        return None
+    return Located(tool.name, path, tool.version, source)
+
+
+def bin_dir(group: ToolGroup, root: Path | None = None) -> Path:
+    """The cache directory a group's binaries are built into."""
+    return (root or cache_dir()) / "bin" / group.bin_subdir
+
+
+def write_marker(group: ToolGroup, directory: Path) -> None:
+    """Mark a group's bin directory complete (every binary built and reporting its version)."""
+    (directory / MARKER).write_text(
+        json.dumps({t.name: t.version for t in group.tools}, indent=2, sort_keys=True) + "\n"
+    )

@@ -1,0 +1,1 @@
+"""Cluster tier: tests against the real local control plane (see conftest.py)."""
