@@ -93,8 +93,9 @@ def send_patch(patch: NodePatch, token: str | None, ca_file: str | None, timeout
         return int(response.status)
 
 
-def service_account_credentials(directory: Path = SERVICE_ACCOUNT_DIR) -> tuple[str | None, str | None]:
-    """The pod's token and CA file, (None, None) when not mounted."""
+def service_account_credentials(directory: Path | None = None) -> tuple[str | None, str | None]:
+    """The pod's token and CA file (default directory :data:`SERVICE_ACCOUNT_DIR`), None for what is missing."""
+    directory = directory or SERVICE_ACCOUNT_DIR
     token_file = directory / "token"
     ca_file = directory / "ca.crt"
     token = token_file.read_text(encoding="utf-8").strip() if token_file.is_file() else None
