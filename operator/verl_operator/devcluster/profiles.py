@@ -164,8 +164,12 @@ class Profile(_Model):
 
 
 def examples_dir() -> Path:
-    """``examples/clusters`` of the source tree this package lives in."""
-    return Path(__file__).resolve().parents[3] / "examples" / "clusters"
+    """The shipped profiles: ``devcluster/profiles/`` of the package.
+
+    In the source tree that directory is a symbolic link to ``examples/clusters`` (the files are edited
+    there); a built wheel carries copies.
+    """
+    return Path(__file__).with_name("profiles")
 
 
 def available_profiles() -> list[str]:
