@@ -465,6 +465,24 @@ def test_cli_status_reports_the_live_nodes(
 
     assert devcluster_cli(["env", "--name", devcluster.name]) == 0
     assert capsys.readouterr().out.strip() == f"export KUBECONFIG={devcluster.kubeconfig}"
+    assert devcluster_cli(["kubeconfig", "--name", devcluster.name]) == 0
+    assert capsys.readouterr().out.strip() == str(devcluster.kubeconfig)
+
+
+def test_cli_up_on_a_running_instance_restarts_nothing(
+    devcluster: DevCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pids = devcluster.pids()
+    assert devcluster_cli(["up", "--name", devcluster.name, "--profile", "mixed"]) == 0
+    assert f"export KUBECONFIG={devcluster.kubeconfig}" in capsys.readouterr().out
+    assert devcluster.pids() == pids
+
+
+def test_cli_up_with_an_unknown_profile_starts_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    name = f"pytest-{os.getpid()}-bad-profile"
+    assert devcluster_cli(["up", "--name", name, "--profile", "dgx-b300"]) == 1
+    assert "unknown profile 'dgx-b300'" in capsys.readouterr().err
+    assert DevCluster(name=name).pids() == {}
 
 
 def test_cli_status_of_a_stopped_instance(capsys: pytest.CaptureFixture[str]) -> None:
