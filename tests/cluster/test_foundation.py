@@ -488,3 +488,20 @@ def test_cli_up_with_an_unknown_profile_starts_nothing(capsys: pytest.CaptureFix
 def test_cli_status_of_a_stopped_instance(capsys: pytest.CaptureFixture[str]) -> None:
     assert devcluster_cli(["status", "--name", f"pytest-{os.getpid()}-never-started"]) == 3
     assert "is not running" in capsys.readouterr().out
+
+
+def test_a_hand_made_fake_node_becomes_ready_with_default_capacity(kube: client.ApiClient) -> None:
+    core = client.CoreV1Api(kube)
+    name = f"hand-made-{uuid.uuid4().hex[:6]}"
+    core.create_node({"metadata": {"name": name, "annotations": {L.KWOK_NODE: L.KWOK_NODE_VALUE}}})
+    try:
+
+        def ready() -> client.V1Node | None:
+            node = core.read_node(name)
+            conditions = {c.type: c.status for c in (node.status.conditions or [])}
+            return node if conditions.get("Ready") == "True" else None
+
+        node = wait_for(ready, "the hand-made node to be Ready")
+        assert (node.status.allocatable["cpu"], node.status.allocatable["pods"]) == ("32", "110")
+    finally:
+        core.delete_node(name)
