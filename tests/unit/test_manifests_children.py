@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.manifests import (
@@ -195,3 +197,24 @@ def test_child_names() -> None:
         "demo-r0-head",
         "demo-r2-worker-5",
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(nnodes=st.integers(1, 12), gpus_per_node=st.sampled_from([1, 2, 4, 8]), attempt=st.integers(0, 5))
+def test_children_invariants(nnodes: int, gpus_per_node: int, attempt: int) -> None:
+    nodes = tuple(f"node-{i}" for i in range(nnodes))
+    plan = LaunchPlan(
+        verl_version="0.9", nnodes=nnodes, gpus_per_node=gpus_per_node, overrides=(), nodes=nodes
+    )
+    spec = make_spec(resources={"gpus": nnodes * gpus_per_node, "gpusPerNode": gpus_per_node})
+    pods = [c for c in build_children(JOB, spec, plan, attempt) if c["kind"] == "Pod"]
+    assert len(pods) == nnodes, "one pod per node"
+    assert [p["metadata"]["labels"]["verl-operator.io/role"] for p in pods].count("head") == 1
+    assert pods[0]["metadata"]["labels"]["verl-operator.io/role"] == "head", "the head is node 0"
+    assert len({p["metadata"]["name"] for p in pods}) == nnodes
+    assert len({p["spec"]["hostname"] for p in pods}) == nnodes
+    pinned = [p["metadata"]["annotations"]["verl-operator.io/node"] for p in pods]
+    assert pinned == list(nodes)
+    total = sum(int(p["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]) for p in pods)
+    assert total == nnodes * gpus_per_node
+    assert all(len(p["metadata"]["name"]) <= 63 for p in pods)

@@ -256,3 +256,28 @@ def test_placement_invariants(
             assert max(per_rack) < nnodes
         else:
             assert len(fits) < nnodes
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    cliques=st.lists(st.sampled_from(["c.1", "c.2", None]), min_size=1, max_size=14),
+    busy=st.lists(st.integers(0, 4), min_size=14, max_size=14),
+    nnodes=st.integers(2, 6),
+)
+def test_multi_node_nvlink_groups_share_one_clique(
+    cliques: list[str | None], busy: list[int], nnodes: int
+) -> None:
+    nodes = [
+        NodeCapacity(name=f"g{i:02d}", gpus=4, nvlink_domain_size=4, clique=c) for i, c in enumerate(cliques)
+    ]
+    used = {n.name: busy[i] for i, n in enumerate(nodes)}
+    request = PlacementRequest(nnodes=nnodes, gpus_per_node=4, nvlink_required=True, nvlink_group_size=8)
+    result = place(request, nodes, used)
+    by_name = {n.name: n for n in nodes}
+    free_per_clique = {
+        c: sum(1 for n in nodes if n.clique == c and used[n.name] == 0) for c in ("c.1", "c.2")
+    }
+    assert result.feasible == (max(free_per_clique.values()) >= nnodes)
+    if result.feasible:
+        assert {by_name[n].clique for n in result.nodes} == {result.clique}
+        assert result.clique is not None
