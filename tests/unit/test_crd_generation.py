@@ -48,7 +48,9 @@ def test_schema_is_structural_and_described() -> None:
         assert "type" in node, f"{path}: every node needs a type (structural schema)"
         for forbidden in ("$ref", "anyOf", "allOf", "oneOf", "const", "title", "default"):
             assert forbidden not in node, f"{path}: {forbidden} is not allowed here"
-        assert node.get("description") or path == ".metadata", f"{path}: needs a description (kubectl explain)"
+        assert node.get("description") or path == ".metadata", (
+            f"{path}: needs a description (kubectl explain)"
+        )
         if node["type"] == "object" and "properties" not in node and path != ".metadata":
             assert node.get("x-kubernetes-preserve-unknown-fields") or "additionalProperties" in node, path
 
