@@ -10,6 +10,7 @@ is deleted. The operator is stopped at the end (the cluster is left running for 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import time
 from collections.abc import Callable
@@ -132,9 +133,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_line(name: str, plan: dict[str, Any]) -> str:
+    """One line of the plan a person wants to see."""
+    b, r, m = plan.get("batching") or {}, plan.get("rollout") or {}, plan.get("memory") or {}
+    return (
+        f"{name}: {plan.get('nnodes')} x {plan.get('gpusPerNode')} GPUs, dp{plan.get('dataParallelSize')} "
+        f"sp{plan.get('sequenceParallelSize')} rollout tp{r.get('tensorParallelSize')} x {r.get('replicas')} "
+        f"replicas; batch {b.get('trainBatchSize')} x n {b.get('rolloutN')}, mini-batch "
+        f"{b.get('ppoMiniBatchSize')} ({b.get('miniBatchPerGpu')}/GPU), micro {b.get('ppoMicroBatchSizePerGpu')} "
+        f"({b.get('gradientAccumulationSteps')} accumulation steps); peak GiB rollout {m.get('rolloutPeakGiB')} "
+        f"train {m.get('trainPeakGiB')} of {m.get('gpuMemoryGiB')}"
+    )
+
+
 def _summary(kubectl: Callable[..., subprocess.CompletedProcess[str]], core: Any, rack_label: str) -> None:
     _title("summary")
     print(kubectl("get", "verljobs").stdout.rstrip())
+    listed = kubectl("get", "verljobs", "-o", "json")
+    for item in json.loads(listed.stdout or "{}").get("items", []):
+        plan = (item.get("status") or {}).get("plan")
+        if plan:
+            print(_plan_line(item["metadata"]["name"], plan))
     racks = {n.metadata.name: (n.metadata.labels or {}).get(rack_label, "-") for n in core.list_node().items}
     pods = core.list_namespaced_pod("default", label_selector="verl-operator.io/job").items
     print(f"\n{'POD':34} {'ROLE':7} {'GPUS':5} {'NODE':14} {'RACK':10} PHASE")
