@@ -100,6 +100,18 @@ class Release:
         return f"{self.name}-verl-operator"
 
 
+def plain(kube: client.ApiClient, obj: object) -> dict[str, Any]:
+    """A typed client object as the plain camelCase dict the API server sent."""
+    data: dict[str, Any] = kube.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+    return data
+
+
+def secret_data(kube: client.ApiClient, namespace: str, name: str) -> dict[str, str]:
+    secret = client.CoreV1Api(kube).read_namespaced_secret(name, namespace)
+    data: dict[str, str] = plain(kube, secret).get("data") or {}
+    return data
+
+
 def manifest_objects(helm: Run, release: Release) -> list[dict[str, Any]]:
     out = helm(["get", "manifest", release.name, "-n", release.namespace]).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
@@ -157,7 +169,7 @@ def test_defaults_install_upgrade_and_uninstall_cleanly(
     assert kubectl(["get", "crd", CRD_NAME, "-o", "name"], check=True).stdout.strip()
     core = client.CoreV1Api(kube)
     secret_name = f"{release.fullname}-webhook-tls"
-    before = core.read_namespaced_secret(secret_name, release.namespace).data
+    before = secret_data(kube, release.namespace, secret_name)
 
     # Upgrade with other values: the webhook CA and certificate survive (lookup), removed objects go away.
     helm(
@@ -172,10 +184,13 @@ def test_defaults_install_upgrade_and_uninstall_cleanly(
             "--wait",
         ]
     )
-    assert core.read_namespaced_secret(secret_name, release.namespace).data == before
+    assert secret_data(kube, release.namespace, secret_name) == before
     config = client.AdmissionregistrationV1Api(kube).read_validating_webhook_configuration(release.fullname)
-    assert base64.b64decode(config.webhooks[0].client_config.ca_bundle) == base64.b64decode(before["ca.crt"])
-    services = [s.metadata.name for s in core.list_namespaced_service(release.namespace).items]
+    ca_bundle = plain(kube, config)["webhooks"][0]["clientConfig"]["caBundle"]
+    assert base64.b64decode(ca_bundle) == base64.b64decode(before["ca.crt"])
+    services = [
+        s["metadata"]["name"] for s in plain(kube, core.list_namespaced_service(release.namespace))["items"]
+    ]
     assert f"{release.fullname}-metrics" not in services
     assert f"{release.fullname}-webhook" in services
 
@@ -203,20 +218,33 @@ def sa_kubeconfig(devcluster: DevCluster, kube: client.ApiClient, release: Relea
     """A kubeconfig whose only credential is a TokenRequest token of the chart's ServiceAccount."""
     admin = yaml.safe_load(devcluster.kubeconfig.read_text())
     cluster = admin["clusters"][0]["cluster"]
-    token = client.CoreV1Api(kube).create_namespaced_service_account_token(
-        release.fullname, release.namespace, {"spec": {"expirationSeconds": 3600}}
+    request: Any = {"spec": {"expirationSeconds": 3600}}
+    token = plain(
+        kube,
+        client.CoreV1Api(kube).create_namespaced_service_account_token(
+            release.fullname, release.namespace, request
+        ),
     )
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "dev", "cluster": cluster}],
-        "users": [{"name": "operator", "user": {"token": token.status.token}}],
+        "users": [{"name": "operator", "user": {"token": token["status"]["token"]}}],
         "contexts": [{"name": "dev", "context": {"cluster": "dev", "user": "operator"}}],
         "current-context": "dev",
     }
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
     return path
+
+
+def write_webhook_tls(kube: client.ApiClient, release: Release, directory: Path) -> Path:
+    """The chart-generated serving certificate and key, for the local webhook server."""
+    data = secret_data(kube, release.namespace, f"{release.fullname}-webhook-tls")
+    directory.mkdir()
+    for key in ("tls.crt", "tls.key"):
+        (directory / key).write_bytes(base64.b64decode(data[key]))
+    return directory
 
 
 def start_operator(
@@ -278,13 +306,7 @@ def dev_mode(
     """The chart in dev mode and the operator running locally as the chart's ServiceAccount."""
     webhook_port = free_port()
     install(helm, release, "deployment.enabled=false", f"webhook.url=https://127.0.0.1:{webhook_port}")
-    secret = client.CoreV1Api(kube).read_namespaced_secret(
-        f"{release.fullname}-webhook-tls", release.namespace
-    )
-    tls_dir = tmp_path / "tls"
-    tls_dir.mkdir()
-    for key in ("tls.crt", "tls.key"):
-        (tls_dir / key).write_bytes(base64.b64decode(secret.data[key]))
+    tls_dir = write_webhook_tls(kube, release, tmp_path / "tls")
     kubeconfig = sa_kubeconfig(devcluster, kube, release, tmp_path / "operator.kubeconfig")
     operator = start_operator(
         kubeconfig, webhook_port, tls_dir, tmp_path / "operator.log", "--all-namespaces"
@@ -300,17 +322,19 @@ def apply_example(kubectl: Run, name: str, namespace: str) -> subprocess.Complet
 
 
 def job_status(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    obj = client.CustomObjectsApi(kube).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    obj = plain(
+        kube,
+        client.CustomObjectsApi(kube).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name),
+    )
     status: dict[str, Any] = obj.get("status") or {}
     return status
 
 
-def job_pods(kube: client.ApiClient, namespace: str, job: str) -> list[client.V1Pod]:
-    pods: list[client.V1Pod] = (
-        client.CoreV1Api(kube)
-        .list_namespaced_pod(namespace, label_selector=f"verl-operator.io/job={job}")
-        .items
+def job_pods(kube: client.ApiClient, namespace: str, job: str) -> list[dict[str, Any]]:
+    listed = client.CoreV1Api(kube).list_namespaced_pod(
+        namespace, label_selector=f"verl-operator.io/job={job}"
     )
+    pods: list[dict[str, Any]] = plain(kube, listed)["items"]
     return pods
 
 
@@ -334,7 +358,9 @@ def example_job(kubectl: Run, kube: client.ApiClient, namespace: str) -> Iterato
     for name in applied:
         kubectl(["delete", "verljob", name, "-n", namespace, "--wait=true", "--timeout=60s"])
         wait_for(
-            lambda name=name: not job_pods(kube, namespace, name), f"the pods of {name} to be deleted", 60
+            lambda name=name: not job_pods(kube, namespace, name),  # type: ignore[misc]
+            f"the pods of {name} to be deleted",
+            60,
         )
 
 
@@ -365,12 +391,12 @@ def test_operator_with_chart_rbac_runs_an_example_job(
     )
     pods = job_pods(kube, namespace, "grpo-qwen7b")
     assert len(pods) == 2  # head + one worker, one per DGX node
-    nodes = {n.metadata.name: n for n in client.CoreV1Api(kube).list_node().items}
+    nodes = {n["metadata"]["name"]: n for n in plain(kube, client.CoreV1Api(kube).list_node())["items"]}
     for pod in pods:
-        assert pod.status.phase == "Running"
-        node = nodes[pod.spec.node_name]
-        assert node.metadata.annotations.get(L.KWOK_NODE) == L.KWOK_NODE_VALUE
-        assert node.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+        assert pod["status"]["phase"] == "Running"
+        node = nodes[pod["spec"]["nodeName"]]
+        assert node["metadata"]["annotations"].get(L.KWOK_NODE) == L.KWOK_NODE_VALUE
+        assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     status = job_status(kube, namespace, "grpo-qwen7b")
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True"
@@ -407,8 +433,8 @@ def test_a_removed_verb_breaks_the_operator(
             "rbac.dropVerbs={create}",
         ]
     )
-    role = client.RbacAuthorizationV1Api(kube).read_cluster_role(rel.fullname)
-    assert all("create" not in rule.verbs for rule in role.rules)
+    role = plain(kube, client.RbacAuthorizationV1Api(kube).read_cluster_role(rel.fullname))
+    assert all("create" not in rule["verbs"] for rule in role["rules"])
     example_job("grpo-qwen7b-dgx.yaml")
     wait_for(lambda: "Forbidden" in dev_mode.operator.output(), "the operator to be refused (403)", 60)
     time.sleep(3)  # a few more reconciles (resync is 1 s)
@@ -458,19 +484,12 @@ def test_watch_namespace_mode_runs_a_job_with_a_role(
         f"watchNamespaces={{{namespace}}}",
     )
     rbac = client.RbacAuthorizationV1Api(kube)
-    role = rbac.read_namespaced_role(release.fullname, namespace)
-    assert any("pods" in (rule.resources or []) for rule in role.rules or [])
-    cluster_resources = {
-        r for rule in rbac.read_cluster_role(release.fullname).rules or [] for r in rule.resources or []
-    }
+    role = plain(kube, rbac.read_namespaced_role(release.fullname, namespace))
+    assert any("pods" in rule["resources"] for rule in role["rules"])
+    cluster_role = plain(kube, rbac.read_cluster_role(release.fullname))
+    cluster_resources = {r for rule in cluster_role["rules"] for r in rule["resources"]}
     assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces"}
-    secret = client.CoreV1Api(kube).read_namespaced_secret(
-        f"{release.fullname}-webhook-tls", release.namespace
-    )
-    tls_dir = tmp_path / "tls"
-    tls_dir.mkdir()
-    for key in ("tls.crt", "tls.key"):
-        (tls_dir / key).write_bytes(base64.b64decode((secret.data or {})[key]))
+    tls_dir = write_webhook_tls(kube, release, tmp_path / "tls")
     kubeconfig = sa_kubeconfig(devcluster, kube, release, tmp_path / "operator.kubeconfig")
     operator = start_operator(
         kubeconfig, webhook_port, tls_dir, tmp_path / "operator.log", f"--namespace={namespace}"
