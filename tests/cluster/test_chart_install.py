@@ -436,7 +436,12 @@ def test_a_removed_verb_breaks_the_operator(
     role = plain(kube, client.RbacAuthorizationV1Api(kube).read_cluster_role(rel.fullname))
     assert all("create" not in rule["verbs"] for rule in role["rules"])
     example_job("grpo-qwen7b-dgx.yaml")
-    wait_for(lambda: "Forbidden" in dev_mode.operator.output(), "the operator to be refused (403)", 60)
+    refused = f'User \\"system:serviceaccount:{rel.namespace}:{rel.fullname}\\" cannot create resource'
+    wait_for(
+        lambda: refused in dev_mode.operator.output(),
+        "the API server to refuse the operator a create (403)",
+        60,
+    )
     time.sleep(3)  # a few more reconciles (resync is 1 s)
     assert job_pods(kube, namespace, "grpo-qwen7b") == []
     assert job_status(kube, namespace, "grpo-qwen7b").get("phase") != "Running"
