@@ -103,3 +103,28 @@ def test_pod_failure_follows_the_exit_code_contract(
 def test_termination_message_text_is_kept() -> None:
     _, message, _ = pod_failure(failed_pod(1, "Traceback ... CUDA out of memory"))
     assert "CUDA out of memory" in message and "code 1" in message
+
+
+def test_the_scheduler_reason_of_a_stuck_pod_is_reported() -> None:
+    from verl_operator.controller.reconcile import _unschedulable
+
+    stuck = {
+        "metadata": {"name": "j-r0-worker-1"},
+        "status": {
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "message": "0/9 nodes are available: 1 Insufficient nvidia.com/gpu.",
+                }
+            ]
+        },
+    }
+    fine = {
+        "metadata": {"name": "j-r0-head"},
+        "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]},
+    }
+    assert _unschedulable([fine, stuck]) == (
+        "pod j-r0-worker-1 not scheduled: 0/9 nodes are available: 1 Insufficient nvidia.com/gpu."
+    )
+    assert _unschedulable([fine]) == ""

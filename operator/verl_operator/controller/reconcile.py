@@ -144,7 +144,10 @@ class JobReconciler:
         try:
             spec = VerlJobSpec.model_validate(job.get("spec") or {})
         except ValidationError as exc:
-            self._invalid_spec(job, exc)
+            if status.get("placement"):
+                self._invalid_update(job, exc)
+            else:
+                self._invalid_spec(job, exc)
             return
         if spec.suspend:
             self.reservations.decided.pop(uid, None)
@@ -191,6 +194,21 @@ class JobReconciler:
             {"violations": errors},
             [condition("Valid", False, "InvalidSpec", text, gen, now)],
             ("Warning", "InvalidSpec", text),
+        )
+
+    def _invalid_update(self, job: Mapping[str, Any], exc: ValidationError) -> None:
+        """A placed job whose spec became invalid (no webhook): keep its pods, report ``Valid=False``."""
+        status = job.get("status") or {}
+        text = "; ".join(f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        gen = int(job["metadata"].get("generation", 1))
+        self._write(
+            job,
+            str(status.get("phase") or "Starting"),
+            str(status.get("reason") or "InvalidUpdate"),
+            str(status.get("message") or ""),
+            conditions=[
+                condition("Valid", False, "InvalidSpec", f"the new spec is invalid: {text}", gen, now_iso())
+            ],
         )
 
     def _suspend(self, job: Mapping[str, Any]) -> None:
@@ -438,12 +456,11 @@ class JobReconciler:
                 event=("Normal", "Running", f"all Ray pods running: {where}"),
             )
         else:
-            self._write(
-                job,
-                "Starting",
-                "PodsStarting",
-                f"{len(running)} of {len(wanted_pods)} Ray pods running",
-            )
+            message = f"{len(running)} of {len(wanted_pods)} Ray pods running"
+            blocked = _unschedulable(current.values())
+            if blocked:
+                message += f"; {blocked}"
+            self._write(job, "Starting", "PodsStarting", message)
 
     def _ensure_children(
         self, ns: str, children: Sequence[Mapping[str, Any]], current: Mapping[str, Any]
@@ -499,6 +516,15 @@ class JobReconciler:
             )
             self.kube.event(job, "Normal", "Deleted", f"ttlSecondsAfterFinished {ttl} passed")
             self.kube.delete_job(meta["namespace"], meta["name"])
+
+
+def _unschedulable(pods: Any) -> str:
+    """The scheduler's reason for the first pod it cannot place (``PodScheduled=False``), if any."""
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("message"):
+                return f"pod {pod['metadata']['name']} not scheduled: {cond['message']}"
+    return ""
 
 
 def launch_json(children: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
