@@ -460,3 +460,38 @@ def test_rbac_grants_exactly_what_the_operator_documents(helm: str) -> None:
     # Volcano PodGroups only on request; the webhook configuration never (the chart manages it).
     assert granted(render(helm, "rbac.volcano=true")) == cluster_wide | conditional["podgroups"]
     assert "validatingwebhookconfigurations" in conditional
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        pytest.param((), id="defaults"),
+        pytest.param(("watchNamespaces={team-a,team-b}", "extraArgs={--verbose}"), id="namespaces-verbose"),
+        pytest.param(("webhook.enabled=false", "metrics.enabled=false"), id="no-webhook-no-metrics"),
+    ],
+)
+def test_container_args_are_a_valid_verl_operator_run_command_line(helm: str, sets: tuple[str, ...]) -> None:
+    """The chart's flags exist in the real CLI: a renamed operator flag fails here, not in a cluster."""
+    from verl_operator.cli import build_parser
+
+    objects = render(helm, *sets)
+    ctr = container(objects)
+    assert ctr["args"][0] == "verl-operator"
+    args = build_parser().parse_args(ctr["args"][1:])
+    assert args.command == "run"
+    ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
+    assert args.health_port == ports["health"]
+    assert args.metrics_port == ports.get("metrics", 0)
+    assert args.webhook_port == ports.get("webhook", 0)
+    assert args.listen_address == "0.0.0.0"
+    mounts = {m["name"]: m["mountPath"] for m in ctr["volumeMounts"]}
+    if args.webhook_port:
+        assert args.webhook_cert == f"{mounts['webhook-tls']}/tls.crt"
+        assert args.webhook_key == f"{mounts['webhook-tls']}/tls.key"
+    else:
+        assert args.webhook_cert is None
+    namespaces = [a.removeprefix("--namespace=") for a in ctr["args"] if a.startswith("--namespace=")]
+    assert args.namespace == namespaces
+    assert args.all_namespaces is (not namespaces)
+    # The webhook configuration belongs to the chart: the operator must not manage one.
+    assert args.webhook_managed is None
