@@ -495,3 +495,22 @@ def test_container_args_are_a_valid_verl_operator_run_command_line(helm: str, se
     assert args.all_namespaces is (not namespaces)
     # The webhook configuration belongs to the chart: the operator must not manage one.
     assert args.webhook_managed is None
+
+
+def test_packaged_chart_holds_the_crd_and_not_the_tooling(helm: str, tmp_path: Path) -> None:
+    import tarfile
+
+    proc = run_helm(helm, "package", str(CHART), "--destination", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    (archive,) = tmp_path.glob("verl-operator-*.tgz")
+    with tarfile.open(archive) as tar:
+        names = {n.removeprefix("verl-operator/") for n in tar.getnames()}
+    assert {"Chart.yaml", "values.yaml", "values.schema.json", "README.md", "templates/NOTES.txt"} <= names
+    assert "crds/verl-operator.io_verljobs.yaml" in names
+    assert not [n for n in names if n.startswith("scripts/")]
+    # The CRD upgrade command of docs/helm.md reads the CRD from the chart.
+    crds = run_helm(helm, "show", "crds", str(archive))
+    assert crds.returncode == 0, crds.stderr
+    (crd,) = [d for d in yaml.safe_load_all(crds.stdout) if d]
+    assert crd["kind"] == "CustomResourceDefinition"
+    assert crd["metadata"]["name"] == "verljobs.verl-operator.io"
