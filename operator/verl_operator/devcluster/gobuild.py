@@ -121,7 +121,9 @@ def build_group(group: ToolGroup, root: Path, progress: Progress) -> Path:
             if all((target / t.name).is_file() for t in group.tools):
                 return target  # another process finished the build while this one waited
             (target / MARKER).unlink()  # a binary was removed since: the directory is no longer complete
-        env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
+        # Static binaries (no C toolchain needed); -mod=mod lets `go mod tidy` update the generated module.
+        goflags = f"{os.environ.get('GOFLAGS', '')} -mod=mod".strip()
+        env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": goflags}
         started = time.monotonic()
         progress(f"building {group.name} {group.version} (cold: minutes) in {workdir}")
         _write_module(group, workdir, go, env)
