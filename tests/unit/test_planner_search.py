@@ -315,3 +315,13 @@ def test_kv_cache_shortfall_suggests_a_tp_that_fits() -> None:
     tp = int(kv.suggestions[0].split()[3])
     better = make_spec(32, model="Qwen/Qwen2.5-72B-Instruct", rollout={"tensorParallelSize": tp})
     assert plan_job(better, make_nodes(4)).feasible
+
+
+def test_mini_batch_without_a_fitting_divisor_pads() -> None:
+    # 60 prompts, n 1, 8 GPUs, dynamic batch size: no divisor of 60 splits over 8 ranks; 16 is closest to 15.
+    spec = make_spec(8, data={"trainBatchSize": 60}, rollout={"n": 1}, batching={"dynamicBatchSize": True})
+    result = plan_job(spec, make_nodes(1))
+    plan = feasible(result)
+    assert plan.batching.ppo_mini_batch_size == 16
+    assert plan.padding.padded_trajectories == 4  # 60 -> 64 = lcm(8, 16) x 4
+    assert any("pads 60 trajectories to 64" in w for w in result.warnings)

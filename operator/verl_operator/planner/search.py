@@ -6,7 +6,8 @@ Tie-break order (the first candidate that satisfies every rule and fits in memor
 2. FSDP shard group: on several nodes, one node (``fsdpSize = gpusPerNode``, HSDP: no inter-node all-gather)
    before the whole world (``-1``); on one node, ``-1``;
 3. PPO mini-batch: the value closest to ``trainBatchSize / 4`` (four updates per step), larger on ties, that
-   divides ``trainBatchSize`` (no padding) and gives an integer per-GPU mini-batch;
+   divides ``trainBatchSize`` (no padding) and gives an integer per-GPU mini-batch; when no divisor does, the
+   closest value that gives an integer per-GPU mini-batch (the trainer pads the last one);
 4. largest training micro-batch (or token budget with dynamic batch size) that fits;
 5. largest log-prob micro-batch that fits;
 6. smallest rollout TP that fits (divides the heads and the GPUs per node, or spans whole nodes);
@@ -119,9 +120,15 @@ def mini_candidates(tb: int, n: int, dp: int, fixed: Fixed) -> list[int]:
     if fixed.ppo_mini_batch_size is not None:
         return [fixed.ppo_mini_batch_size]
     target = max(1, tb // 4)
+
+    def key(m: int) -> tuple[int, int]:
+        return (abs(m - target), -m)
+
     valid = [m for m in rules.divisors(tb) if (m * n) % dp == 0 and m * n >= dp]
-    valid.sort(key=lambda m: (abs(m - target), -m))
-    return valid[:1] or [target]
+    if not valid:
+        # No divisor of the batch works: a mini-batch that leaves a partial last one (verl >= 0.7 pads it).
+        valid = [m for m in range(1, tb + 1) if (m * n) % dp == 0 and m * n >= dp]
+    return [min(valid, key=key)] if valid else [target]
 
 
 def _global_to_per_gpu(global_size: int | None, dp: int) -> int | None:
