@@ -321,6 +321,29 @@ def apply_example(kubectl: Run, name: str, namespace: str) -> subprocess.Complet
     return kubectl(["apply", "-n", namespace, "-f", str(EXAMPLES / name)])
 
 
+def job_object(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    api = client.CustomObjectsApi(kube)
+    return plain(kube, api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
+
+
+def argocd_health(obj: dict[str, Any]) -> str:
+    """Argo CD's health of a live VerlJob: docs/argocd-health.lua run by Lua 5.1 with ``obj`` as a global."""
+    import lupa.lua51 as lua51
+
+    runtime = lua51.LuaRuntime()
+
+    def to_lua(value: Any) -> Any:
+        if isinstance(value, dict):
+            return runtime.table_from({k: to_lua(v) for k, v in value.items()})
+        if isinstance(value, list):
+            return runtime.table_from([to_lua(v) for v in value])
+        return value
+
+    runtime.globals().obj = to_lua(obj)
+    hs = runtime.execute((ROOT / "docs" / "argocd-health.lua").read_text())
+    return str(hs["status"])
+
+
 def job_status(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
     obj = plain(
         kube,
@@ -397,9 +420,20 @@ def test_operator_with_chart_rbac_runs_an_example_job(
         node = nodes[pod["spec"]["nodeName"]]
         assert node["metadata"]["annotations"].get(L.KWOK_NODE) == L.KWOK_NODE_VALUE
         assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
-    status = job_status(kube, namespace, "grpo-qwen7b")
-    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-    assert ready["status"] == "True"
+    # What GitOps tools read from the live object: kstatus conditions and the Argo CD health check.
+    job = job_object(kube, namespace, "grpo-qwen7b")
+    conditions = {c["type"]: c for c in job["status"]["conditions"]}
+    assert job["status"]["observedGeneration"] == job["metadata"]["generation"]
+    assert (
+        conditions["Ready"]["status"],
+        conditions["Reconciling"]["status"],
+        conditions["Stalled"]["status"],
+    ) == (
+        "True",
+        "False",
+        "False",
+    )
+    assert argocd_health(job) == "Healthy"
     assert "Forbidden" not in dev_mode.operator.output()
 
 
@@ -445,6 +479,7 @@ def test_a_removed_verb_breaks_the_operator(
     time.sleep(3)  # a few more reconciles (resync is 1 s)
     assert job_pods(kube, namespace, "grpo-qwen7b") == []
     assert job_status(kube, namespace, "grpo-qwen7b").get("phase") != "Running"
+    assert argocd_health(job_object(kube, namespace, "grpo-qwen7b")) != "Healthy"
     # The same operator recovers as soon as the verb is back: the failure was the missing verb.
     helm(
         [
@@ -464,6 +499,7 @@ def test_a_removed_verb_breaks_the_operator(
             "phase Running after restoring the verb",
             120,
         )
+        assert argocd_health(job_object(kube, namespace, "grpo-qwen7b")) == "Healthy"
     except AssertionError as exc:
         status = job_status(kube, namespace, "grpo-qwen7b")
         raise AssertionError(
