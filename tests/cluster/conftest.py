@@ -21,6 +21,7 @@ from kubernetes import client
 
 from verl_operator.devcluster import DevCluster, binaries, load_profile
 from verl_operator.devcluster.layout import COMPONENTS
+from verl_operator.devcluster.ports import listening
 from verl_operator.devcluster.process import alive
 from verl_operator.devcluster.versions import cache_dir
 
@@ -72,7 +73,12 @@ def devcluster() -> Iterator[DevCluster]:
         yield cluster
     finally:
         if not reuse:
+            pids, ports = cluster.pids(), cluster.ports()
             cluster.down()
+            left = [f"pid {pid}" for pid in pids.values() if alive(pid)] + [
+                f"port {port}" for port in listening(ports.values())
+            ]
+            assert not left, f"devcluster down left {', '.join(left)} behind"
 
 
 @pytest.fixture(scope="session")
