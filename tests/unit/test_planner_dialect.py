@@ -136,3 +136,63 @@ def test_max_model_len_and_batched_tokens(version: str, response: int, batched: 
     out = overrides(version, data={"maxPromptLength": 512, "maxResponseLength": response})
     assert out[f"{ARR}.rollout.max_model_len"] == str(512 + response)
     assert out[f"{ARR}.rollout.max_num_batched_tokens"] == batched
+
+
+# The override list of verl's examples/grpo_trainer/run_qwen2-7b.sh, pasted as written in the script.
+RUN_QWEN2_7B = [
+    "data.train_files=$HOME/data/gsm8k/train.parquet",
+    "data.val_files=$HOME/data/gsm8k/test.parquet",
+    "data.train_batch_size=1024",
+    "data.val_batch_size=1312",
+    "data.max_prompt_length=512",
+    "data.max_response_length=512",
+    "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+    "actor_rollout_ref.actor.ppo_micro_batch_size=128",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size=128",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+    "actor_rollout_ref.rollout.n=5",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size=128",
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "algorithm.kl_ctrl.kl_coef=0.001",
+    "trainer.critic_warmup=0",
+    "trainer.logger=['console','wandb']",
+    "trainer.project_name='verl_grpo_example_gsm8k'",
+    "trainer.experiment_name='deepseek_llm_7b_function_rm'",
+    "trainer.n_gpus_per_node=8",
+    "trainer.nnodes=1",
+    "trainer.save_freq=-1",
+    "trainer.total_epochs=15",
+]
+
+
+@pytest.mark.parametrize("version", ["0.6", "0.9"])
+def test_pasted_example_script(version: str) -> None:
+    spec = make_spec(
+        8, model="Qwen/Qwen2-7B-Instruct", verl={"image": "x", "version": version}, overrides=RUN_QWEN2_7B
+    )
+    result = plan_job(spec, make_nodes(1))
+    assert result.plan is not None, result.violations
+    plan = result.plan
+    # Global micro-batches of 128 over 8 data-parallel ranks become 16 per GPU.
+    assert plan.batching.ppo_micro_batch_size_per_gpu == 16
+    assert plan.batching.log_prob_micro_batch_size_per_gpu == 16
+    assert (plan.rollout.tensor_parallel_size, plan.rollout.gpu_memory_utilization) == (2, 0.6)
+    out = plan.overrides
+    assert f"{ARR}.actor.ppo_micro_batch_size=128" not in out
+    assert f"{ARR}.ref.log_prob_micro_batch_size_per_gpu=16" in out
+    for kept in (
+        "trainer.total_epochs=15",
+        "algorithm.kl_ctrl.kl_coef=0.001",
+        "trainer.logger=['console','wandb']",
+    ):
+        assert kept in out
+    assert any("$HOME is passed to verl as written" in w for w in result.warnings)
+    assert "data.train_files=$HOME/data/gsm8k/train.parquet" in out  # a single path stays a single path

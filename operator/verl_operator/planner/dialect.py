@@ -129,8 +129,8 @@ class Emitted:
     version: str
     model_path: str
     adv_estimator: str
-    train_files: list[str] | None
-    val_files: list[str] | None
+    train_files: Value | None
+    val_files: Value | None
     train_batch_size: int
     max_prompt_length: int
     max_response_length: int
@@ -167,9 +167,9 @@ def emit(planned: Emitted, passthrough: Sequence[Override]) -> list[str]:
         ("algorithm.adv_estimator", planned.adv_estimator),
         (f"{ARR}.model.path", planned.model_path),
     ]
-    if planned.train_files:
+    if planned.train_files is not None:
         out.append(("data.train_files", planned.train_files))
-    if planned.val_files:
+    if planned.val_files is not None:
         out.append(("data.val_files", planned.val_files))
     out += [
         ("data.train_batch_size", planned.train_batch_size),

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 from verl_operator.planner import dialect, rules
 from verl_operator.planner.cluster import Layout, Pool
 from verl_operator.planner.inputs import Problem
 from verl_operator.planner.memory import GIB, SAFETY_FACTOR, Phase
-from verl_operator.planner.overrides import Override, Value
+from verl_operator.planner.overrides import Override
 from verl_operator.planner.result import (
     BatchingPlan,
     MemoryPhase,
@@ -22,13 +23,23 @@ from verl_operator.planner.result import (
 )
 from verl_operator.planner.search import Found
 
+_SHELL_VAR = re.compile(r"\$(?!\{)[A-Za-z_][A-Za-z0-9_]*")
 
-def _files(value: Value | None) -> list[str] | None:
-    if value is None:
-        return None
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    return [str(value)]
+
+def shell_variable_warnings(passthrough: Sequence[Override], p: Problem) -> list[str]:
+    """Overrides pasted from a shell script keep ``$HOME``-style variables verbatim: no shell expands them."""
+    out = []
+    values = [(ov.source, ov.raw) for ov in passthrough]
+    values += [(pin.source, str(pin.value)) for pin in p.pins.values()]
+    for source, text in values:
+        match = _SHELL_VAR.search(text)
+        if match:
+            name = match.group(0)[1:]
+            out.append(
+                f"{source}: {match.group(0)} is passed to verl as written (no shell expands it); "
+                f"use an absolute path or ${{oc.env:{name}}}"
+            )
+    return out
 
 
 def build_result(
@@ -55,7 +66,7 @@ def build_result(
     """
     s, est = found.settings, found.estimate
     dp = s.data_parallel_size
-    warnings: list[str] = list(found.warnings)
+    warnings: list[str] = list(found.warnings) + shell_variable_warnings(passthrough, p)
     replicas = s.world // s.rollout_tp
     padded = rules.padded_trajectories(s, p.needs_critic)
     waste = padded - s.trajectories
@@ -82,8 +93,9 @@ def build_result(
             version=p.version,
             model_path=model_path,
             adv_estimator=adv,
-            train_files=_files(p.pins["train_files"].value) if "train_files" in p.pins else None,
-            val_files=_files(p.pins["val_files"].value) if "val_files" in p.pins else None,
+            # As the user wrote them: a list from the spec, a list or a single path from an override.
+            train_files=p.pins["train_files"].value if "train_files" in p.pins else None,
+            val_files=p.pins["val_files"].value if "val_files" in p.pins else None,
             train_batch_size=s.train_batch_size,
             max_prompt_length=p.max_prompt_length,
             max_response_length=p.max_response_length,
