@@ -351,19 +351,38 @@ def test_provided_ca_bundle_replaces_the_generated_secret(helm: str) -> None:
     assert next(v for v in pod["volumes"] if "secret" in v)["secret"]["secretName"] == "my-tls"
 
 
-def test_existing_secret_without_ca_bundle_fails_with_the_reason(helm: str) -> None:
-    proc = run_helm(
-        helm,
-        "template",
-        RELEASE,
-        str(CHART),
-        "--kube-version",
-        KUBE_VERSION,
-        "--set",
-        "webhook.tls.existingSecret=my-tls",
-    )
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        pytest.param(
+            ("webhook.tls.existingSecret=my-tls",),
+            "webhook.tls.existingSecret needs webhook.tls.caBundle",
+            id="secret-without-ca",
+        ),
+        pytest.param(
+            ("webhook.tls.caBundle=QUJD",),
+            "webhook.tls.caBundle needs webhook.tls.existingSecret",
+            id="ca-without-secret",
+        ),
+    ],
+)
+def test_incomplete_own_certificate_fails_with_the_reason(
+    helm: str, sets: tuple[str, ...], message: str
+) -> None:
+    argv = ["template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION]
+    for item in sets:
+        argv += ["--set", item]
+    proc = run_helm(helm, *argv)
     assert proc.returncode != 0
-    assert "webhook.tls.existingSecret needs webhook.tls.caBundle" in proc.stderr
+    assert message in proc.stderr
+
+
+def test_dev_mode_with_a_provided_ca_bundle_renders_no_secret(helm: str) -> None:
+    objects = render(
+        helm, "webhook.url=https://127.0.0.1:9443", "webhook.tls.caBundle=QUJD", "deployment.enabled=false"
+    )
+    assert by_kind(objects, "Secret") == []
+    assert one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]["clientConfig"]["caBundle"] == "QUJD"
 
 
 @pytest.mark.parametrize(
