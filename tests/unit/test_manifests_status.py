@@ -106,7 +106,7 @@ def test_termination_message_text_is_kept() -> None:
 
 
 def test_the_scheduler_reason_of_a_stuck_pod_is_reported() -> None:
-    from verl_operator.controller.reconcile import _unschedulable
+    from verl_operator.controller.assess import unschedulable as _unschedulable
 
     stuck = {
         "metadata": {"name": "j-r0-worker-1"},

@@ -281,3 +281,29 @@ def test_multi_node_nvlink_groups_share_one_clique(
     if result.feasible:
         assert {by_name[n].clique for n in result.nodes} == {result.clique}
         assert result.clique is not None
+
+
+def test_request_from_plan_reads_the_plan_contract_and_the_spec() -> None:
+    from verl_operator.api.spec import VerlJobSpec
+    from verl_operator.placement import request_from_plan
+
+    spec = VerlJobSpec.model_validate(
+        {
+            "verl": {"image": "i"},
+            "model": {"path": "m"},
+            "resources": {"gpus": 16, "gpuProduct": H100, "nodeSelector": {"pool": "rl"}},
+            "placement": {"nvlink": "required", "topologyKey": RACK, "topologyPolicy": "preferred"},
+        }
+    )
+    plan = {"nnodes": 2, "gpusPerNode": 8, "candidateNodes": ["a", "b", "c"], "nvlinkGroupSize": 2}
+    assert request_from_plan(plan, spec) == PlacementRequest(
+        nnodes=2,
+        gpus_per_node=8,
+        candidates=("a", "b", "c"),
+        gpu_product=H100,
+        node_selector={"pool": "rl"},
+        nvlink_required=True,
+        nvlink_group_size=2,
+        topology_key=RACK,
+        topology_policy="preferred",
+    )

@@ -7,8 +7,13 @@ from typing import Any
 import pytest
 from conftest import make_node
 
-from verl_operator.controller.reconcile import Reservations
-from verl_operator.controller.snapshot import gpus_in_use, node_capacity, pod_gpu_request, pod_usage_entry
+from verl_operator.controller.snapshot import (
+    Reservations,
+    gpus_in_use,
+    node_capacity,
+    pod_gpu_request,
+    pod_usage_entry,
+)
 
 
 def pod(

@@ -58,7 +58,7 @@ def render(
     from verl_operator.api.spec import VerlJob
     from verl_operator.controller.snapshot import node_capacity
     from verl_operator.manifests import LaunchPlan, build_children
-    from verl_operator.placement import PlacementRequest, place
+    from verl_operator.placement import place, request_from_plan
     from verl_operator.planner import plan_job
     from verl_operator.planner.facts import node_facts
 
@@ -85,17 +85,7 @@ def render(
     names: tuple[str, ...] = ()
     product, memory = None, None
     if spec.scheduling.queue_name is None and spec.scheduling.scheduler == "builtin":
-        request = PlacementRequest(
-            nnodes=int(plan["nnodes"]),
-            gpus_per_node=int(plan["gpusPerNode"]),
-            candidates=tuple(plan.get("candidateNodes") or ()),
-            gpu_product=spec.resources.gpu_product,
-            node_selector=dict(spec.resources.node_selector),
-            nvlink_required=spec.placement.nvlink == "required",
-            nvlink_group_size=int(plan.get("nvlinkGroupSize") or 1),
-            topology_key=spec.placement.topology_key,
-            topology_policy=spec.placement.topology_policy,
-        )
+        request = request_from_plan(plan, spec)
         chosen = place(request, [node_capacity(n) for n in nodes], {})
         if not chosen.feasible:
             raise RenderError([chosen.message])

@@ -7,33 +7,31 @@ gate only when every pod of the attempt exists. A reconciler killed at any point
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.controller import metrics
+from verl_operator.controller.assess import assess, pod_phase
 from verl_operator.controller.kube import Kube, now_iso
-from verl_operator.controller.snapshot import gpus_in_use, node_capacity
+from verl_operator.controller.snapshot import Reservations, Snapshot, gpus_in_use, node_capacity
 from verl_operator.controller.status import (
     FINISHED,
     condition,
     merge_conditions,
     mesh_string,
-    pod_failure,
+    parse_time,
     summary_conditions,
 )
 from verl_operator.manifests import LaunchPlan, build_children
 from verl_operator.manifests.launchspec import LAUNCH_KEY
 from verl_operator.manifests.names import GANG_GATE, LABEL_ATTEMPT
-from verl_operator.placement import PlacementRequest, place
+from verl_operator.placement import place, request_from_plan
 from verl_operator.planner import plan_job
 from verl_operator.planner.facts import node_facts
 
@@ -41,44 +39,6 @@ log = logging.getLogger("verl_operator.reconcile")
 
 #: Test hook: seconds to sleep between creating two pods (lets a test kill the operator mid-creation).
 CREATE_DELAY_ENV = "VERL_OPERATOR_CREATE_DELAY_SECONDS"
-
-
-@dataclass
-class Snapshot:
-    """What the reconciler reads from the in-memory indices for one pass."""
-
-    nodes: Sequence[Mapping[str, Any]]
-    pod_entries: Sequence[tuple[str, str, int, str | None]]
-    reservations: Sequence[tuple[str, tuple[str, ...], int]]
-    live_uids: frozenset[str] = frozenset()
-    live_jobs: frozenset[str] = frozenset()
-
-
-@dataclass
-class Reservations:
-    """Placements decided by this process that the job index may not show yet (uid -> nodes, GPUs per node)."""
-
-    decided: dict[str, tuple[tuple[str, ...], int]] = field(default_factory=dict)
-
-    def merged(
-        self, indexed: Sequence[tuple[str, tuple[str, ...], int]], live_uids: frozenset[str]
-    ) -> list[tuple[str, tuple[str, ...], int]]:
-        """Index reservations overridden by this process's newer decisions; deleted jobs reserve nothing."""
-        for uid in [u for u in self.decided if u not in live_uids]:
-            del self.decided[uid]
-        out = {uid: (nodes, gpn) for uid, nodes, gpn in indexed}
-        out.update(self.decided)
-        return [(uid, nodes, gpn) for uid, (nodes, gpn) in sorted(out.items())]
-
-
-def _parse_time(value: str | None) -> float | None:
-    if not value:
-        return None
-    return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
-
-
-def _pod_phase(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("status") or {}).get("phase") or "Pending")
 
 
 class JobReconciler:
@@ -280,17 +240,7 @@ class JobReconciler:
             )
             return
         capacities = [node_capacity(n) for n in snap.nodes]
-        request = PlacementRequest(
-            nnodes=int(plan["nnodes"]),
-            gpus_per_node=int(plan["gpusPerNode"]),
-            candidates=tuple(plan.get("candidateNodes") or ()),
-            gpu_product=spec.resources.gpu_product,
-            node_selector=dict(spec.resources.node_selector),
-            nvlink_required=spec.placement.nvlink == "required",
-            nvlink_group_size=int(plan.get("nvlinkGroupSize") or 1),
-            topology_key=spec.placement.topology_key,
-            topology_policy=spec.placement.topology_policy,
-        )
+        request = request_from_plan(plan, spec)
         used = gpus_in_use(
             snap.pod_entries,
             self.reservations.merged(snap.reservations, snap.live_uids),
@@ -351,116 +301,97 @@ class JobReconciler:
             for p in pods
             if p["metadata"]["labels"].get(LABEL_ATTEMPT) == str(attempt)
         }
-        for pod in pods:
+        for pod in pods:  # pods of an earlier attempt
             if pod["metadata"]["name"] not in current and not pod["metadata"].get("deletionTimestamp"):
                 self.kube.delete_pod(ns, pod["metadata"]["name"])
 
-        started = _parse_time(status.get("startTime"))
-        deadline = spec.active_deadline_seconds
-        if deadline is not None and started is not None and self.clock() - started > deadline:
-            self._fail(
-                job, current.values(), "DeadlineExceeded", f"ran longer than activeDeadlineSeconds {deadline}"
-            )
-            return
-
-        launch = self._launch_plan(spec, status)
-        children = build_children(job, spec, launch, attempt)
-        wanted_pods = [c for c in children if c["kind"] == "Pod"]
-        failed = [p for p in current.values() if _pod_phase(p) == "Failed"]
-        lost = (
-            []
-            if not placement.get("ungated")
-            else [p for p in wanted_pods if p["metadata"]["name"] not in current]
+        children = build_children(job, spec, self._launch_plan(spec, status), attempt)
+        wanted = [c for c in children if c["kind"] == "Pod"]
+        started = parse_time(status.get("startTime"))
+        verdict = assess(
+            [p["metadata"]["name"] for p in wanted],
+            current,
+            released=bool(placement.get("ungated")),
+            restarts=restarts,
+            backoff_limit=spec.backoff_limit,
+            elapsed=None if started is None else self.clock() - started,
+            deadline=spec.active_deadline_seconds,
         )
-        if failed or lost:
-            if failed:
-                reason, message, retryable = pod_failure(failed[0])
-            else:
-                reason, message, retryable = "PodLost", f"pod {lost[0]['metadata']['name']} disappeared", True
-            if retryable and restarts < spec.backoff_limit:
-                for pod in current.values():
-                    self.kube.delete_pod(ns, pod["metadata"]["name"])
-                self.reservations.decided.pop(uid, None)
-                text = f"{message}; restarting the whole Ray cluster (restart {restarts + 1} of {spec.backoff_limit})"
-                self._write(
-                    job,
-                    "Pending",
-                    "Restarting",
-                    text,
-                    {"attempt": attempt + 1, "restarts": restarts + 1, "placement": None, "nodes": ""},
-                    [condition("Placed", False, "Restarting", text, gen, now)],
-                    ("Warning", "Restarting", text),
-                )
-                return
-            if retryable and spec.backoff_limit:
-                reason, message = (
-                    "BackoffLimitExceeded",
-                    f"{message}; backoffLimit {spec.backoff_limit} reached",
-                )
-            self._fail(job, current.values(), reason, message)
-            return
-
-        head = next(
-            (p for p in wanted_pods if p["metadata"]["labels"].get("verl-operator.io/role") == "head"), None
-        )
-        if head is not None and _pod_phase(current.get(head["metadata"]["name"], {})) == "Succeeded":
+        if verdict.action == "fail":
+            self._fail(job, current.values(), verdict.reason, verdict.message)
+        elif verdict.action == "restart":
             for pod in current.values():
-                if _pod_phase(pod) not in ("Succeeded", "Failed"):
+                self.kube.delete_pod(ns, pod["metadata"]["name"])
+            self.reservations.decided.pop(uid, None)
+            self._write(
+                job,
+                "Pending",
+                "Restarting",
+                verdict.message,
+                {"attempt": attempt + 1, "restarts": restarts + 1, "placement": None, "nodes": ""},
+                [condition("Placed", False, "Restarting", verdict.message, gen, now)],
+                ("Warning", "Restarting", verdict.message),
+            )
+        elif verdict.action == "succeed":
+            for pod in current.values():
+                if pod_phase(pod) not in ("Succeeded", "Failed"):
                     self.kube.delete_pod(ns, pod["metadata"]["name"])
             self.reservations.decided.pop(uid, None)
             self._write(
                 job,
                 "Succeeded",
                 "Succeeded",
-                "the verl run finished",
+                verdict.message,
                 {"completionTime": now},
                 [condition("Complete", True, "Succeeded", "the head pod exited 0", gen, now)],
-                ("Normal", "Succeeded", "the verl run finished"),
+                ("Normal", "Succeeded", verdict.message),
             )
-            return
-
-        self._ensure_children(ns, children, current)
-        if not placement.get("ungated"):
-            pods_now = {p["metadata"]["name"]: p for p in self.kube.job_pods(ns, name)}
-            if all(p["metadata"]["name"] in pods_now for p in wanted_pods):
-                for pod in wanted_pods:
-                    gates = pods_now[pod["metadata"]["name"]]["spec"].get("schedulingGates") or []
-                    if any(g.get("name") == GANG_GATE for g in gates):
-                        self.kube.ungate(ns, pod["metadata"]["name"])
-                placement["ungated"] = True
-                self._write(
-                    job,
-                    "Starting",
-                    "PodsCreated",
-                    f"{len(wanted_pods)} Ray pods created and released together",
-                    {"placement": placement},
-                    event=(
-                        "Normal",
-                        "PodsCreated",
-                        f"{len(wanted_pods)} Ray pods created and ungated together",
-                    ),
-                )
-            return
-        running = [p for p in wanted_pods if _pod_phase(current.get(p["metadata"]["name"], {})) == "Running"]
-        if len(running) == len(wanted_pods):
+        elif verdict.action == "create":
+            self._create_and_release(job, children, current, placement)
+        elif verdict.action == "running":
             where = ", ".join(
                 f"{p['metadata']['name']}@{(current[p['metadata']['name']].get('spec') or {}).get('nodeName')}"
-                for p in wanted_pods
+                for p in wanted
             )
             self._write(
                 job,
                 "Running",
-                "AllPodsRunning",
-                f"{len(wanted_pods)} Ray pods running",
-                conditions=[condition("Ready", True, "AllPodsRunning", where, gen, now)],
+                verdict.reason,
+                verdict.message,
+                conditions=[condition("Ready", True, verdict.reason, where, gen, now)],
                 event=("Normal", "Running", f"all Ray pods running: {where}"),
             )
         else:
-            message = f"{len(running)} of {len(wanted_pods)} Ray pods running"
-            blocked = _unschedulable(current.values())
-            if blocked:
-                message += f"; {blocked}"
-            self._write(job, "Starting", "PodsStarting", message)
+            self._write(job, "Starting", verdict.reason, verdict.message)
+
+    def _create_and_release(
+        self,
+        job: Mapping[str, Any],
+        children: Sequence[Mapping[str, Any]],
+        current: Mapping[str, Any],
+        placement: dict[str, Any],
+    ) -> None:
+        """Create the missing children; when every pod exists, remove the gang gates and record that."""
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        self._ensure_children(ns, children, current)
+        wanted = [c["metadata"]["name"] for c in children if c["kind"] == "Pod"]
+        pods_now = {p["metadata"]["name"]: p for p in self.kube.job_pods(ns, name)}
+        if not all(n in pods_now for n in wanted):
+            return
+        for pod_name in wanted:
+            gates = pods_now[pod_name]["spec"].get("schedulingGates") or []
+            if any(g.get("name") == GANG_GATE for g in gates):
+                self.kube.ungate(ns, pod_name)
+        placement["ungated"] = True
+        text = f"{len(wanted)} Ray pods created and released together"
+        self._write(
+            job,
+            "Starting",
+            "PodsCreated",
+            text,
+            {"placement": placement},
+            event=("Normal", "PodsCreated", text),
+        )
 
     def _ensure_children(
         self, ns: str, children: Sequence[Mapping[str, Any]], current: Mapping[str, Any]
@@ -485,7 +416,7 @@ class JobReconciler:
     def _fail(self, job: Mapping[str, Any], pods: Any, reason: str, message: str) -> None:
         meta = job["metadata"]
         for pod in list(pods):
-            if _pod_phase(pod) not in ("Succeeded", "Failed"):
+            if pod_phase(pod) not in ("Succeeded", "Failed"):
                 self.kube.delete_pod(meta["namespace"], pod["metadata"]["name"])
         self.reservations.decided.pop(str(meta["uid"]), None)
         gen = int(meta.get("generation", 1))
@@ -504,31 +435,13 @@ class JobReconciler:
         meta = job["metadata"]
         spec = job.get("spec") or {}
         for pod in self.kube.job_pods(meta["namespace"], meta["name"]):
-            if _pod_phase(pod) not in ("Succeeded", "Failed") and not pod["metadata"].get(
-                "deletionTimestamp"
-            ):
+            if pod_phase(pod) not in ("Succeeded", "Failed") and not pod["metadata"].get("deletionTimestamp"):
                 self.kube.delete_pod(meta["namespace"], pod["metadata"]["name"])
         ttl = spec.get("ttlSecondsAfterFinished")
-        done = _parse_time((job.get("status") or {}).get("completionTime"))
+        done = parse_time((job.get("status") or {}).get("completionTime"))
         if ttl is not None and done is not None and self.clock() - done >= int(ttl):
             log.info(
                 "deleting %s/%s: ttlSecondsAfterFinished %s passed", meta["namespace"], meta["name"], ttl
             )
             self.kube.event(job, "Normal", "Deleted", f"ttlSecondsAfterFinished {ttl} passed")
             self.kube.delete_job(meta["namespace"], meta["name"])
-
-
-def _unschedulable(pods: Any) -> str:
-    """The scheduler's reason for the first pod it cannot place (``PodScheduled=False``), if any."""
-    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
-        for cond in (pod.get("status") or {}).get("conditions") or []:
-            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("message"):
-                return f"pod {pod['metadata']['name']} not scheduled: {cond['message']}"
-    return ""
-
-
-def launch_json(children: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The parsed ``launch.json`` among built children (for callers that show it)."""
-    cm = next(c for c in children if c["kind"] == "ConfigMap")
-    doc: dict[str, Any] = json.loads(cm["data"][LAUNCH_KEY])
-    return doc

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl_operator.controller import metrics
-from verl_operator.controller.reconcile import JobReconciler, Snapshot
+from verl_operator.controller.reconcile import JobReconciler
+from verl_operator.controller.snapshot import Snapshot
 
 log = logging.getLogger("verl_operator.runtime")
 JobKey = tuple[str, str]

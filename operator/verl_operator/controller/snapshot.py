@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from verl_operator.manifests.names import ANNOTATION_NODE, LABEL_JOB
@@ -86,3 +87,31 @@ def gpus_in_use(
         for node in nodes:
             used[node] = used.get(node, 0) + per_node
     return used
+
+
+@dataclass
+class Snapshot:
+    """What the reconciler reads from the in-memory indices for one pass."""
+
+    nodes: Sequence[Mapping[str, Any]]
+    pod_entries: Sequence[tuple[str, str, int, str | None]]
+    reservations: Sequence[tuple[str, tuple[str, ...], int]]
+    live_uids: frozenset[str] = frozenset()
+    live_jobs: frozenset[str] = frozenset()
+
+
+@dataclass
+class Reservations:
+    """Placements decided by this process that the job index may not show yet (uid -> nodes, GPUs per node)."""
+
+    decided: dict[str, tuple[tuple[str, ...], int]] = field(default_factory=dict)
+
+    def merged(
+        self, indexed: Sequence[tuple[str, tuple[str, ...], int]], live_uids: frozenset[str]
+    ) -> list[tuple[str, tuple[str, ...], int]]:
+        """Index reservations overridden by this process's newer decisions; deleted jobs reserve nothing."""
+        for uid in [u for u in self.decided if u not in live_uids]:
+            del self.decided[uid]
+        out = {uid: (nodes, gpn) for uid, nodes, gpn in indexed}
+        out.update(self.decided)
+        return [(uid, nodes, gpn) for uid, (nodes, gpn) in sorted(out.items())]

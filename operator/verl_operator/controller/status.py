@@ -21,6 +21,15 @@ PHASE_SUMMARY: dict[str, tuple[bool, bool, bool]] = {
 FINISHED: frozenset[str] = frozenset({"Succeeded", "Failed"})
 
 
+def parse_time(value: str | None) -> float | None:
+    """Seconds since the epoch of an RFC 3339 ``...Z`` timestamp written by the operator (None stays None)."""
+    import datetime as dt
+
+    if not value:
+        return None
+    return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+
+
 def condition(
     type_: str, status: bool | ConditionStatus, reason: str, message: str, generation: int, now: str
 ) -> dict[str, Any]:
