@@ -325,3 +325,26 @@ def test_mini_batch_without_a_fitting_divisor_pads() -> None:
     assert plan.batching.ppo_mini_batch_size == 16
     assert plan.padding.padded_trajectories == 4  # 60 -> 64 = lcm(8, 16) x 4
     assert any("pads 60 trajectories to 64" in w for w in result.warnings)
+
+
+@pytest.mark.parametrize(
+    ("override", "rule"),
+    [
+        pytest.param(
+            "actor_rollout_ref.rollout.pipeline_model_parallel_size=2", "rollout-parallelism", id="rollout-pp"
+        ),
+        pytest.param(
+            "actor_rollout_ref.rollout.data_parallel_size=2", "rollout-parallelism", id="rollout-dp"
+        ),
+        pytest.param(
+            "actor_rollout_ref.rollout.expert_parallel_size=2", "rollout-expert-parallel", id="ep-dense"
+        ),
+        pytest.param("actor_rollout_ref.rollout.name=sglang", "rollout-name", id="sglang"),
+        pytest.param("data.train_batch_size=${oc.env:BATCH}", "override-type", id="interpolation"),
+        pytest.param("~data.train_batch_size", "override-delete-owned", id="delete-owned"),
+    ],
+)
+def test_unsupported_overrides(override: str, rule: str) -> None:
+    result = plan_job(make_spec(8, overrides=[override]), make_nodes(1))
+    assert rule in rules_of(result)
+    assert any("spec.overrides[0]" in v.field for v in result.violations)

@@ -180,14 +180,25 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
                     suggestions=["use strategy fsdp or fsdp2"],
                 )
             )
-    for key, label in (("rollout_pp", "pipeline_model_parallel_size"), ("rollout_dp", "data_parallel_size")):
+    for key, label, why in (
+        (
+            "rollout_pp",
+            "pipeline_model_parallel_size",
+            "verl's vLLM rollout does not implement pipeline parallelism",
+        ),
+        (
+            "rollout_dp",
+            "data_parallel_size",
+            "the planner does not model data parallelism inside a rollout replica",
+        ),
+    ):
         val = r.get_int(key, reads=True)
         if val is not None and val > 1:
             violations.append(
                 Violation(
                     field=reads[key].source,
                     rule="rollout-parallelism",
-                    message=f"rollout {label} {val} is not supported by the planner (rollout PP is not implemented in verl)",
+                    message=f"rollout {label} {val} is not supported: {why}",
                     suggestions=[f"drop the {label} override"],
                 )
             )
