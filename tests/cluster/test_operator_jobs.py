@@ -477,6 +477,32 @@ def test_deleting_the_job_cascades_to_every_child(jobs: Jobs) -> None:
     wait_for(children_gone, "ConfigMap, Service and pods garbage-collected", 90)
 
 
+def test_kueue_queue_name_hands_the_pods_to_kueue(jobs: Jobs) -> None:
+    manifest = job("queued", 16, 8, resources={"nodeSelector": DGX}, scheduling={"queueName": "gpu-queue"})
+    assert jobs.apply(manifest).returncode == 0
+    # No Kueue runs here: nothing holds the pods, the default scheduler places them as they come.
+    status = jobs.wait_phase("queued", "Running")
+    assert status["placement"]["handoff"] == "Kueue" and status["placement"]["nodes"] == []
+    for pod in jobs.running_pods("queued", 2):
+        labels = pod.metadata.labels
+        assert labels["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+        assert labels["kueue.x-k8s.io/pod-group-name"] == "queued-r0"
+        assert pod.metadata.annotations["kueue.x-k8s.io/pod-group-total-count"] == "2"
+        assert not pod.spec.scheduling_gates and pod.spec.affinity is None, "Kueue gates and places, not us"
+
+
+def test_volcano_without_volcano_says_so(jobs: Jobs) -> None:
+    manifest = job("vc", 8, 8, resources={"nodeSelector": DGX}, scheduling={"scheduler": "volcano"})
+    assert jobs.apply(manifest).returncode == 0
+    status = jobs.wait_phase("vc", "Pending")
+    wait_for(
+        lambda: jobs.status("vc").get("reason") == "SchedulerUnavailable" or None, "SchedulerUnavailable"
+    )
+    assert "Volcano" in jobs.status("vc")["message"]
+    assert status["placement"]["handoff"] == "Volcano"
+    assert jobs.pods("vc") == [], "no pod without its PodGroup"
+
+
 # ---- admission, CRD -------------------------------------------------------------------------------------
 
 

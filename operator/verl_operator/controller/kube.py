@@ -22,6 +22,10 @@ def now_iso() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class MissingAPIError(RuntimeError):
+    """A kind the job needs is not served by the API server (for example Volcano's PodGroup)."""
+
+
 class Kube:
     """The API calls the reconciler makes; every create is idempotent (409 means it exists)."""
 
@@ -83,6 +87,10 @@ class Kube:
         except ApiException as exc:
             if exc.status == 409:
                 return False
+            if exc.status == 404 and kind == "PodGroup":
+                raise MissingAPIError(
+                    f"{manifest['apiVersion']} PodGroup is not served: is Volcano installed?"
+                ) from exc
             raise
         return True
 

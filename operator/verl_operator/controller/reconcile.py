@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.controller import metrics
 from verl_operator.controller.assess import assess, pod_phase
-from verl_operator.controller.kube import Kube, now_iso
+from verl_operator.controller.kube import Kube, MissingAPIError, now_iso
 from verl_operator.controller.snapshot import Reservations, Snapshot, gpus_in_use, node_capacity
 from verl_operator.controller.status import (
     FINISHED,
@@ -347,7 +347,16 @@ class JobReconciler:
                 ("Normal", "Succeeded", verdict.message),
             )
         elif verdict.action == "create":
-            self._create_and_release(job, children, current, placement)
+            try:
+                self._create_and_release(job, children, current, placement)
+            except MissingAPIError as exc:
+                self._write(
+                    job,
+                    "Pending",
+                    "SchedulerUnavailable",
+                    str(exc),
+                    event=("Warning", "SchedulerUnavailable", str(exc)),
+                )
         elif verdict.action == "running":
             where = ", ".join(
                 f"{p['metadata']['name']}@{(current[p['metadata']['name']].get('spec') or {}).get('nodeName')}"
