@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import pprint
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from verl_launcher.progress import ProgressTracker, parse_step_line, parse_total_steps
 
@@ -90,3 +93,15 @@ def test_tracker_writes_file_and_summary(tmp_path: Path) -> None:
     tracker.feed("step:5 - perf/throughput:90")
     doc = json.loads(path.read_text())
     assert doc["step"] == 5 and doc["throughput"] == 90 and "stepSeconds" not in doc
+
+
+keys = st.from_regex(r"[a-z_]{1,8}(/[a-z_@0-9]{1,8}){0,3}", fullmatch=True)
+values = st.one_of(st.integers(-(10**9), 10**9), st.floats(allow_nan=False, allow_infinity=False))
+
+
+@given(st.integers(min_value=0, max_value=10**6), st.dictionaries(keys, values, max_size=12))
+def test_round_trip_of_verls_console_format(step: int, metrics: dict[str, float]) -> None:
+    """Format as verl's concat_dict_to_str does (pprint.pformat of each number), then parse back."""
+    line = " - ".join([f"step:{step}", *(f"{k}:{pprint.pformat(v)}" for k, v in metrics.items())])
+    parsed = parse_step_line(line)
+    assert parsed == (step, metrics)
