@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from verl_operator.api.spec import VerlJobSpec
+from verl_operator.planner.catalog import lookup
+from verl_operator.planner.inputs import Problem, Settings
 
 
 def make_node(
@@ -67,3 +70,57 @@ def make_spec(gpus: int = 8, model: str = "Qwen/Qwen2.5-7B-Instruct", **sections
     for key, value in sections.items():
         doc[key] = value
     return VerlJobSpec.model_validate(doc)
+
+
+QWEN7B = lookup("Qwen/Qwen2.5-7B-Instruct")
+assert QWEN7B is not None
+
+
+def make_problem(**kw: Any) -> Problem:
+    """Planner facts for Qwen2.5-7B (28 heads, 4 KV heads) on 80 GB GPUs, verl 0.9; ``kw`` overrides fields."""
+    base = Problem(
+        version="0.9",
+        shape=QWEN7B.shape,  # 28 heads, 4 KV heads, 32768 positions
+        params=QWEN7B.params_total,
+        needs_critic=False,
+        uses_ref=False,
+        lora=False,
+        gradient_checkpointing=True,
+        max_prompt_length=512,
+        max_response_length=1024,
+        max_model_len=None,
+        max_num_batched_tokens=8192,
+        max_num_seqs=256,
+        ref_param_offload=False,
+        critic_offload=False,
+        nvlink_required=False,
+        use_remove_padding=None,
+        critic_max_token_len_per_gpu=None,
+        gpu_memory_bytes=81559 * 2**20,
+        nvlink_domain=8,
+    )
+    return replace(base, **kw)
+
+
+def make_settings(**kw: Any) -> Settings:
+    """A candidate layout: 8 GPUs, batch 1024 x 5, TP 2, mini 256, micro 16; ``kw`` overrides fields."""
+    base = Settings(
+        world=8,
+        nnodes=1,
+        gpus_per_node=8,
+        train_batch_size=1024,
+        rollout_n=5,
+        rollout_tp=2,
+        gpu_memory_utilization=0.6,
+        sequence_parallel_size=1,
+        fsdp_size=-1,
+        ppo_mini_batch_size=256,
+        ppo_micro_batch_size_per_gpu=16,
+        log_prob_micro_batch_size_per_gpu=32,
+        dynamic_batch_size=False,
+        max_token_len_per_gpu=None,
+        log_prob_max_token_len_per_gpu=None,
+        param_offload=False,
+        optimizer_offload=False,
+    )
+    return replace(base, **kw)

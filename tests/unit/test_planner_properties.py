@@ -9,7 +9,7 @@ from conftest import make_nodes, make_spec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verl_operator.planner import plan_job
+from verl_operator.planner import plan_job, rules
 from verl_operator.planner.catalog import lookup
 from verl_operator.planner.overrides import parse_override
 
@@ -148,6 +148,21 @@ def check_independently(spec: Any, plan: dict[str, Any], nodes: list[dict[str, A
         assert plan["nvlinkGroupSize"] == max(tp, sp)
 
 
+def check_pins_kept(spec: Any, plan: dict[str, Any]) -> None:
+    """Pinned values are never silently changed."""
+    pins = [
+        (spec.data.train_batch_size, plan["batching"]["trainBatchSize"]),
+        (spec.rollout.n, plan["batching"]["rolloutN"]),
+        (spec.rollout.tensor_parallel_size, plan["rollout"]["tensorParallelSize"]),
+        (spec.parallelism.sequence_parallel_size, plan["sequenceParallelSize"]),
+        (spec.batching.ppo_mini_batch_size, plan["batching"]["ppoMiniBatchSize"]),
+        (spec.batching.ppo_micro_batch_size_per_gpu, plan["batching"]["ppoMicroBatchSizePerGpu"]),
+    ]
+    for pinned, planned in pins:
+        if pinned is not None:
+            assert pinned == planned
+
+
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(jobs())
 def test_every_accepted_plan_satisfies_every_rule(job: tuple[Any, list[dict[str, Any]]]) -> None:
@@ -167,6 +182,7 @@ def test_every_accepted_plan_satisfies_every_rule(job: tuple[Any, list[dict[str,
                 max(mem["rolloutPeakGiB"], mem["trainPeakGiB"], mem["logProbPeakGiB"]) <= mem["gpuMemoryGiB"]
             )
         check_independently(spec, data["plan"], nodes)
+        check_pins_kept(spec, data["plan"])
     else:
         for v in data["violations"]:
             assert v["field"] and v["rule"] and v["message"]
@@ -177,3 +193,23 @@ def test_every_accepted_plan_satisfies_every_rule(job: tuple[Any, list[dict[str,
 def test_deterministic(job: tuple[Any, list[dict[str, Any]]]) -> None:
     spec, nodes = job
     assert plan_job(spec, nodes).to_json_dict() == plan_job(spec, list(reversed(nodes))).to_json_dict()
+
+
+@given(st.integers(1, 4096), st.integers(1, 16), st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 24, 64, 128]))
+def test_batch_suggestions_are_valid(tb: int, n: int, world: int) -> None:
+    from test_planner_rules import problem
+    from test_planner_rules import settings as make_settings
+
+    violations = rules.batch_divisible_by_world(
+        problem(), make_settings(world=world, train_batch_size=tb, rollout_n=n)
+    )
+    if tb * n % world == 0:
+        assert violations == []
+        return
+    [v] = violations
+    values = [int(x) for x in v.suggestions[0].removeprefix("use trainBatchSize ").split(" or ")]
+    assert values and all(x * n % world == 0 for x in values)
+    # The nearest: nothing valid lies strictly between them and the rejected value.
+    for x in values:
+        lo, hi = sorted((x, tb))
+        assert not any(t * n % world == 0 for t in range(lo + 1, hi))

@@ -2,65 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import pytest
+from conftest import make_problem, make_settings
 
 from verl_operator.planner import rules
-from verl_operator.planner.catalog import lookup
-from verl_operator.planner.inputs import Problem, Settings
 
-QWEN7B = lookup("Qwen/Qwen2.5-7B-Instruct")
-assert QWEN7B is not None
-
-
-def problem(**kw: Any) -> Problem:
-    base = Problem(
-        version="0.9",
-        shape=QWEN7B.shape,  # 28 heads, 4 KV heads, 32768 positions
-        params=QWEN7B.params_total,
-        needs_critic=False,
-        uses_ref=False,
-        lora=False,
-        gradient_checkpointing=True,
-        max_prompt_length=512,
-        max_response_length=1024,
-        max_model_len=None,
-        max_num_batched_tokens=8192,
-        max_num_seqs=256,
-        ref_param_offload=False,
-        critic_offload=False,
-        nvlink_required=False,
-        use_remove_padding=None,
-        critic_max_token_len_per_gpu=None,
-        gpu_memory_bytes=81559 * 2**20,
-        nvlink_domain=8,
-    )
-    return replace(base, **kw)
-
-
-def settings(**kw: Any) -> Settings:
-    base = Settings(
-        world=8,
-        nnodes=1,
-        gpus_per_node=8,
-        train_batch_size=1024,
-        rollout_n=5,
-        rollout_tp=2,
-        gpu_memory_utilization=0.6,
-        sequence_parallel_size=1,
-        fsdp_size=-1,
-        ppo_mini_batch_size=256,
-        ppo_micro_batch_size_per_gpu=16,
-        log_prob_micro_batch_size_per_gpu=32,
-        dynamic_batch_size=False,
-        max_token_len_per_gpu=None,
-        log_prob_max_token_len_per_gpu=None,
-        param_offload=False,
-        optimizer_offload=False,
-    )
-    return replace(base, **kw)
+problem = make_problem
+settings = make_settings
 
 
 CASES = [
