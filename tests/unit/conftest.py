@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.planner.catalog import lookup
+from verl_operator.planner.catalog import CatalogEntry, lookup
 from verl_operator.planner.inputs import Problem, Settings
 
 
@@ -72,8 +72,14 @@ def make_spec(gpus: int = 8, model: str = "Qwen/Qwen2.5-7B-Instruct", **sections
     return VerlJobSpec.model_validate(doc)
 
 
-QWEN7B = lookup("Qwen/Qwen2.5-7B-Instruct")
-assert QWEN7B is not None
+def _catalog_entry(model: str) -> CatalogEntry:
+    entry = lookup(model)
+    if entry is None:
+        raise LookupError(f"{model} is not in the catalog")
+    return entry
+
+
+QWEN7B = _catalog_entry("Qwen/Qwen2.5-7B-Instruct")
 
 
 def make_problem(**kw: Any) -> Problem:
