@@ -179,22 +179,31 @@ def make_spec(out: Path, model: Path, data: Path, port: int, ckpt: Path, python:
 
 
 def check_config(spec_path: Path) -> None:
-    """Compose the spec's overrides with verl's own config and run verl's config checks (no GPU needed)."""
+    """Compose the argv the launcher builds (first attempt and a restart) with verl's own config and run
+    verl's config checks; needs no GPU."""
     import os
 
     import verl
     from hydra import compose, initialize_config_dir
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-    spec = json.loads(spec_path.read_text())
-    overrides = [o for o in spec["overrides"]] + [f"trainer.default_local_dir={spec['checkpoint']['dir']}"]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launcher"))
+    from verl_launcher.spec import load_launch_spec
+    from verl_launcher.verl import build_argv
+
+    spec = load_launch_spec(spec_path)
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        config = compose(config_name="ppo_trainer", overrides=overrides)
-    validate_config(config, use_reference_policy=False, use_critic=False)
-    omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
-    omega_conf_to_dataclass(config.actor_rollout_ref.actor)
-    print(f"verl {verl.__version__} accepts the {len(overrides)} overrides of {spec_path}")
+    for attempt in (0, 1):
+        overrides = build_argv(spec, attempt)[len(spec.entrypoint) :]
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            config = compose(config_name="ppo_trainer", overrides=overrides)
+        validate_config(config, use_reference_policy=False, use_critic=False)
+        omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+        omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+        print(
+            f"verl {verl.__version__} accepts the launcher's argv for attempt {attempt} ({len(overrides)} overrides, "
+            f"resume_mode={config.trainer.resume_mode}, default_local_dir={config.trainer.default_local_dir})"
+        )
 
 
 def main(argv: list[str]) -> int:

@@ -31,8 +31,10 @@ def build_argv(spec: LaunchSpec, attempt: int) -> list[str]:
     """verl's argv: ``entrypoint + overrides`` plus the checkpoint overrides the user did not set.
 
     ``trainer.default_local_dir=<checkpoint.dir>`` is added whenever ``checkpoint.dir`` is set (attempt 0 must
-    save where a restart will look); ``trainer.resume_mode=auto`` is added when resuming (see
-    :func:`resume_requested`). An override the user wrote for either key is kept as written.
+    save where a restart will look). ``trainer.resume_mode=auto`` is added when resuming (see
+    :func:`resume_requested`), ``trainer.resume_mode=disable`` otherwise: verl's own default is ``auto``,
+    which would silently continue from old checkpoints on a first attempt with ``checkpoint.resume: false``.
+    An override the user wrote for either key is kept as written.
 
     Args:
         spec: The launch spec.
@@ -50,8 +52,8 @@ def build_argv(spec: LaunchSpec, attempt: int) -> list[str]:
     user_keys = {override_key(o) for o in spec.overrides}
     if spec.checkpoint.dir and "trainer.default_local_dir" not in user_keys:
         argv.append(f"trainer.default_local_dir={spec.checkpoint.dir}")
-    if resume_requested(spec, attempt) and "trainer.resume_mode" not in user_keys:
-        argv.append("trainer.resume_mode=auto")
+    if "trainer.resume_mode" not in user_keys:
+        argv.append(f"trainer.resume_mode={'auto' if resume_requested(spec, attempt) else 'disable'}")
     return argv
 
 

@@ -37,17 +37,18 @@ def make_spec(
 
 
 RESUME = "trainer.resume_mode=auto"
+FRESH = "trainer.resume_mode=disable"
 DIR = "trainer.default_local_dir=/ckpt/demo"
 
 
 @pytest.mark.parametrize(
     ("overrides", "ckpt_dir", "resume", "attempt", "tail"),
     [
-        pytest.param(["a=1"], "/ckpt/demo", False, 0, ["a=1", DIR], id="first-attempt-saves-to-dir"),
+        pytest.param(["a=1"], "/ckpt/demo", False, 0, ["a=1", DIR, FRESH], id="first-attempt-saves-to-dir"),
         pytest.param(["a=1"], "/ckpt/demo", False, 2, ["a=1", DIR, RESUME], id="restart-resumes"),
         pytest.param(["a=1"], "/ckpt/demo", True, 0, ["a=1", DIR, RESUME], id="resume-flag"),
         pytest.param(["a=1"], None, True, 0, ["a=1", RESUME], id="resume-without-dir"),
-        pytest.param(["a=1"], None, False, 0, ["a=1"], id="nothing-added"),
+        pytest.param(["a=1"], None, False, 0, ["a=1", FRESH], id="no-dir-no-resume"),
         pytest.param(
             ["trainer.resume_mode=disable"],
             "/ckpt/demo",
@@ -136,5 +137,6 @@ def test_argv_keeps_overrides_in_order(overrides: list[str], attempt: int, resum
     assert argv[: len(ENTRY) + len(overrides)] == ENTRY + overrides
     keys = [override_key(a) for a in argv[len(ENTRY) :]]
     # The generated keys never name trainer.* (segments are at most 6 letters), so the launcher adds both.
-    assert keys.count("trainer.resume_mode") == (1 if attempt > 0 or resume else 0)
+    assert keys.count("trainer.resume_mode") == 1
+    assert argv[-1] == ("trainer.resume_mode=auto" if attempt > 0 or resume else "trainer.resume_mode=disable")
     assert keys.count("trainer.default_local_dir") == 1
