@@ -72,14 +72,15 @@ def make_spec(gpus: int = 8, model: str = "Qwen/Qwen2.5-7B-Instruct", **sections
     return VerlJobSpec.model_validate(doc)
 
 
-def _catalog_entry(model: str) -> CatalogEntry:
+def catalog_entry(model: str) -> CatalogEntry:
+    """The catalog entry of ``model`` (a LookupError when absent)."""
     entry = lookup(model)
     if entry is None:
         raise LookupError(f"{model} is not in the catalog")
     return entry
 
 
-QWEN7B = _catalog_entry("Qwen/Qwen2.5-7B-Instruct")
+QWEN7B = catalog_entry("Qwen/Qwen2.5-7B-Instruct")
 
 
 def make_problem(**kw: Any) -> Problem:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from conftest import make_node, make_spec
 
@@ -141,9 +143,7 @@ def test_ready(conditions: list[dict[str, str]] | None, ready: bool) -> None:
         ),
     ],
 )
-def test_exclusion_reasons(
-    node: dict[str, object], spec_extra: dict[str, object], reason_part: str | None
-) -> None:
+def test_exclusion_reasons(node: dict[str, Any], spec_extra: dict[str, Any], reason_part: str | None) -> None:
     reason = exclusion_reason(node_facts(node), make_spec(8, **spec_extra))
     if reason_part is None:
         assert reason is None

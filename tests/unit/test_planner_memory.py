@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import catalog_entry
 
 from verl_operator.api.spec import ModelShape
-from verl_operator.planner.catalog import catalog, count_params, kv_bytes_per_token, lookup
+from verl_operator.planner.catalog import catalog, count_params, kv_bytes_per_token
 from verl_operator.planner.memory import (
     GIB,
     SAFETY_FACTOR,
@@ -20,8 +21,7 @@ from verl_operator.planner.memory import (
 )
 
 DATA = Path(__file__).parent / "data"
-QWEN7B = lookup("Qwen/Qwen2.5-7B-Instruct")
-assert QWEN7B is not None
+QWEN7B = catalog_entry("Qwen/Qwen2.5-7B-Instruct")
 # Seed-OSS-36B (HF config.json): not in the catalog, given as a shape the way a user would.
 SEED_OSS_36B = ModelShape(
     layers=64,

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from verl_operator.planner.dialect import INPUT_KEYS, format_value
-from verl_operator.planner.overrides import OverrideError, parse_override, parse_overrides, read_owned
+from verl_operator.planner.overrides import OverrideError, Value, parse_override, parse_overrides, read_owned
 
 
 @pytest.mark.parametrize(
@@ -94,5 +94,5 @@ _scalars = st.one_of(
 
 
 @given(st.one_of(_scalars, st.lists(_scalars, max_size=4)))
-def test_emitted_values_parse_back(value: object) -> None:
+def test_emitted_values_parse_back(value: Value) -> None:
     assert parse_override(f"some.key={format_value(value)}").value == value

@@ -90,7 +90,7 @@ def jobs(draw: st.DrawFn) -> tuple[Any, list[dict[str, Any]]]:
 def check_independently(spec: Any, plan: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
     """verl's rules, restated from verl-constraints.md, on the plan's JSON and its override list."""
     shape = spec.model.shape or lookup(spec.model.path).shape  # type: ignore[union-attr]
-    ov = {o.key: o.value for o in (parse_override(x) for x in plan["overrides"])}
+    ov: dict[str, Any] = {o.key: o.value for o in (parse_override(x) for x in plan["overrides"])}
     w = plan["worldSize"]
     b, r = plan["batching"], plan["rollout"]
     sp, tp = plan["sequenceParallelSize"], r["tensorParallelSize"]
