@@ -307,3 +307,11 @@ def test_request_from_plan_reads_the_plan_contract_and_the_spec() -> None:
         topology_key=RACK,
         topology_policy="preferred",
     )
+
+
+def test_status_lists_a_bounded_number_of_excluded_nodes() -> None:
+    nodes = make_nodes(120, prefix="n")
+    result = place(PlacementRequest(nnodes=1, gpus_per_node=8), nodes, {n.name: 8 for n in nodes})
+    status = result.to_status()
+    assert status["excludedCount"] == 120
+    assert isinstance(status["excluded"], list) and len(status["excluded"]) == 50

@@ -8,6 +8,10 @@ from typing import Literal
 
 TopologyPolicy = Literal["required", "preferred"]
 
+#: Excluded nodes listed in ``status.placement`` (the count is always there): keeps the object small on
+#: clusters of thousands of nodes.
+MAX_EXCLUDED_IN_STATUS = 50
+
 
 @dataclass(frozen=True)
 class NodeCapacity:
@@ -84,12 +88,13 @@ class Placement:
     excluded: tuple[tuple[str, str], ...] = ()
     message: str = ""
 
-    def to_status(self) -> dict[str, object]:
-        """The camelCase dict written to ``status.placement``."""
+    def to_status(self, max_excluded: int = MAX_EXCLUDED_IN_STATUS) -> dict[str, object]:
+        """The camelCase dict written to ``status.placement`` (at most ``max_excluded`` excluded nodes listed)."""
         return {
             "nodes": list(self.nodes),
             "domain": self.domain,
             "clique": self.clique,
             "message": self.message,
-            "excluded": [{"node": n, "reason": r} for n, r in self.excluded],
+            "excluded": [{"node": n, "reason": r} for n, r in self.excluded[:max_excluded]],
+            "excludedCount": len(self.excluded),
         }
