@@ -1,0 +1,29 @@
+"""Fixtures of the fidelity tier: cached virtualenvs with real verl releases (see ``verl_envs.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from verl_envs import SUPPORTED_VERSIONS, VerlEnv, ensure_env
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test of this folder ``fidelity``."""
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.fidelity)
+
+
+@pytest.fixture(scope="session")
+def verl_envs(request: pytest.FixtureRequest) -> Iterator[dict[str, VerlEnv]]:
+    """Every supported verl environment, built on first use (minutes when cold; progress shown)."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    envs: dict[str, VerlEnv] = {}
+    with capture.global_and_fixture_disabled():  # show the build's progress live
+        for version in SUPPORTED_VERSIONS:
+            envs[version] = ensure_env(version)
+    yield envs

@@ -1,0 +1,410 @@
+"""Check verl launch configurations with verl's own code; runs INSIDE a verl virtualenv.
+
+Protocol: one JSON object on stdin, ``{"requests": [REQUEST, ...]}``, one JSON object on stdout,
+``{"verlVersion": "0.9.1", "results": [RESULT, ...]}`` in the same order. Everything verl prints goes to
+stderr. A request is::
+
+    {"id": "any label",
+     "overrides": ["key=value", ...],           # verl Hydra overrides, as on main_ppo's command line
+     "argv": ["python3", "-m", "verl.trainer.main_ppo", ...],  # instead of overrides: a whole command
+     "modelShape": {"layers": 24, "hiddenSize": 896, ...},    # VerlJob spec.model.shape (camelCase)
+     "verifyCompose": false}                   # also run Hydra's full compose and compare (see _compose)
+
+and a result is ``{"id", "ok", "stage", "error_type", "error"}``; ``stage`` names the check that failed
+(or the last one run when ``ok``).
+
+The checks, in the order ``verl.trainer.main_ppo`` meets them:
+
+1. ``parse``: Hydra's own command-line parser (``argv``) and override grammar (``OverridesParser``).
+2. ``compose``: Hydra's compose API on verl's ``trainer/config/<config-name>.yaml`` (struct mode: an
+   unknown key or a bad type fails here), with every model path replaced by a local, weight-less model
+   folder of the given shape. Value-only override lists reuse one base composition (see ``_compose``).
+3. ``validate_config``: ``verl.utils.config.validate_config`` with ``need_reference_policy`` and
+   ``need_critic`` as main_ppo computes them for that release (this converts and validates the actor
+   and critic dataclasses).
+4. ``dataclass:<section>``: ``omega_conf_to_dataclass`` of the rollout, ref and model sections, running
+   their ``__post_init__`` checks; the model config loads the folder with HF ``AutoConfig`` and
+   ``AutoTokenizer``.
+5. ``rollout_registry``: the ``(name, mode)`` lookup of ``get_rollout_class`` in verl's
+   ``_ROLLOUT_REGISTRY`` (the adapter module it then imports needs vLLM, which is not installed).
+6. ``rollout_replica``: the constructor of ``RolloutReplica`` (server mode only), whose arithmetic
+   checks that a replica larger than a node is a whole number of nodes.
+
+This file imports only the standard library at module level: it runs on the verl environment's Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+MAIN_MODULE = "verl.trainer.main_ppo"
+#: Override keys that name model folders; the runner points them at the generated local folder.
+MODEL_PATH_KEYS = (
+    "actor_rollout_ref.model.path",
+    "actor_rollout_ref.model.tokenizer_path",
+    "actor_rollout_ref.model.hf_config_path",
+    "critic.model.path",
+    "critic.model.tokenizer_path",
+    "critic.model.hf_config_path",
+)
+#: VerlJob ModelShape field -> candidate HF config attributes (the first the config class has is set).
+SHAPE_FIELDS: dict[str, tuple[str, ...]] = {
+    "layers": ("num_hidden_layers",),
+    "hiddenSize": ("hidden_size",),
+    "attentionHeads": ("num_attention_heads",),
+    "kvHeads": ("num_key_value_heads",),
+    "headDim": ("head_dim",),
+    "intermediateSize": ("intermediate_size",),
+    "vocabSize": ("vocab_size",),
+    "maxPositionEmbeddings": ("max_position_embeddings",),
+    "tieWordEmbeddings": ("tie_word_embeddings",),
+    "numExperts": ("num_experts", "n_routed_experts", "num_local_experts"),
+    "numExpertsPerTok": ("num_experts_per_tok",),
+    "moeIntermediateSize": ("moe_intermediate_size",),
+    "sharedExperts": ("n_shared_experts",),
+    "firstKDenseReplace": ("first_k_dense_replace",),
+    "kvLoraRank": ("kv_lora_rank",),
+    "qLoraRank": ("q_lora_rank",),
+    "qkRopeHeadDim": ("qk_rope_head_dim",),
+    "qkNopeHeadDim": ("qk_nope_head_dim",),
+    "vHeadDim": ("v_head_dim",),
+}
+DEFAULT_SHAPE: dict[str, Any] = {  # Qwen2.5-0.5B-Instruct's numbers, used when a request has no shape
+    "modelType": "qwen2",
+    "layers": 24,
+    "hiddenSize": 896,
+    "attentionHeads": 14,
+    "kvHeads": 2,
+    "headDim": 64,
+    "intermediateSize": 4864,
+    "vocabSize": 151936,
+    "maxPositionEmbeddings": 32768,
+    "tieWordEmbeddings": True,
+}
+
+
+class CheckFailed(Exception):
+    """A check failed; carries the stage and the original exception."""
+
+    def __init__(self, stage: str, error: BaseException) -> None:
+        super().__init__(stage)
+        self.stage = stage
+        self.error = error
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".")[:2])
+
+
+class ModelFolders:
+    """Writes weight-less HF model folders (config.json + a tiny tokenizer), one per shape."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._done: dict[str, Path] = {}
+
+    def folder(self, shape: dict[str, Any]) -> Path:
+        """The folder for ``shape``, written on first use and checked by loading it back."""
+        key = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+        if key in self._done:
+            return self._done[key]
+        path = self.root / key
+        path.mkdir(parents=True, exist_ok=True)
+        self._write_config(shape, path)
+        self._write_tokenizer(path)
+        self._done[key] = path
+        return path
+
+    @staticmethod
+    def _write_config(shape: dict[str, Any], path: Path) -> None:
+        from transformers import AutoConfig
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        model_type = shape.get("modelType") or ("qwen3_moe" if shape.get("numExperts") else "qwen2")
+        probe = AutoConfig.for_model(model_type)  # a default instance, to learn the class's field names
+        expected: dict[str, Any] = {}
+        for field, candidates in SHAPE_FIELDS.items():
+            value = shape.get(field)
+            if value is None:
+                continue
+            # The first name the config class knows; else the first name, kept as an extra key of config.json
+            # (HF configs load unknown keys back as attributes, e.g. head_dim on qwen2).
+            attribute = next((name for name in candidates if hasattr(probe, name)), candidates[0])
+            expected[attribute] = value
+        # Built with the values (not set afterwards): derived fields such as layer_types follow them.
+        config = AutoConfig.for_model(model_type, **expected)
+        config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
+        config.save_pretrained(path)
+        loaded = AutoConfig.from_pretrained(path)
+        for attribute, value in expected.items():
+            if getattr(loaded, attribute) != value:
+                raise ValueError(
+                    f"config.json round trip changed {attribute}: {value} -> {getattr(loaded, attribute)}"
+                )
+
+    @staticmethod
+    def _write_tokenizer(path: Path) -> None:
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        specials = ["<unk>", "<pad>", "<s>", "</s>"]
+        words = ["the", "answer", "is", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "+", "="]
+        vocab = {token: index for index, token in enumerate(specials + words)}
+        backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+        backend.pre_tokenizer = pre_tokenizers.Whitespace()
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+        )
+        tokenizer.save_pretrained(path)
+
+
+class Checker:
+    """Runs verl's checks for one request at a time (verl imported once per process)."""
+
+    def __init__(self, models: ModelFolders) -> None:
+        import verl
+
+        self.version: str = verl.__version__
+        self.models = models
+        self.config_dir = Path(verl.__file__).parent / "trainer" / "config"
+        self._bases: dict[str, Any] = {}
+
+    # -- stages ---------------------------------------------------------------------------------
+    def _parse(self, request: dict[str, Any]) -> tuple[str, list[str]]:
+        from hydra._internal.utils import get_args_parser
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        config_name = "ppo_trainer"  # main_ppo's @hydra.main(config_name=...)
+        if "argv" in request:
+            argv = list(request["argv"])
+            if (
+                len(argv) < 3
+                or argv[1:3] != ["-m", MAIN_MODULE]
+                or not os.path.basename(argv[0]).startswith("python")
+            ):
+                raise ValueError(f"argv must start with python -m {MAIN_MODULE}, got {argv[:3]}")
+            # The parser hydra.main uses on sys.argv[1:] of main_ppo.
+            try:
+                args = get_args_parser().parse_args(argv[3:])
+            except SystemExit as exc:  # argparse reports usage errors by exiting
+                raise ValueError(f"hydra's argument parser rejected {argv[3:]} (exit {exc.code})") from exc
+            if args.config_path or args.config_dir:
+                raise ValueError("argv selects another config path; only verl's own configs are checked")
+            config_name = args.config_name or config_name
+            overrides = list(args.overrides)
+        else:
+            overrides = list(request["overrides"])
+        OverridesParser.create().parse_overrides(overrides)
+        return config_name, overrides
+
+    def _localise(self, overrides: list[str], model_dir: Path) -> list[str]:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        out: list[str] = []
+        seen: set[str] = set()
+        for text, override in zip(overrides, parsed, strict=True):
+            key = override.key_or_group
+            if key in MODEL_PATH_KEYS:
+                prefix = text[: len(text) - len(text.lstrip("+~"))]
+                if override.is_delete():
+                    out.append(text)
+                else:
+                    out.append(f"{prefix}{key}={model_dir}")
+                seen.add(key)
+            else:
+                out.append(text)
+        for key in ("actor_rollout_ref.model.path", "critic.model.path"):
+            if key not in seen:
+                out.append(f"{key}={model_dir}")
+        return out
+
+    def _compose_full(self, config_name: str, overrides: list[str]) -> Any:
+        from hydra import compose, initialize_config_dir
+
+        with initialize_config_dir(config_dir=str(self.config_dir), version_base=None):
+            return compose(config_name=config_name, overrides=overrides)
+
+    def _selects_configs(self, parsed: list[Any]) -> bool:
+        """Whether an override changes the defaults list (a config group, a package, a hydra key)."""
+        for override in parsed:
+            group = self.config_dir / override.key_or_group.replace(".", "/")
+            if override.is_hydra_override() or override.package is not None or group.is_dir():
+                return True
+        return False
+
+    def _compose(self, config_name: str, overrides: list[str], verify: bool) -> Any:
+        """Hydra's composition of ``config_name`` with ``overrides``.
+
+        A full ``compose`` costs about 0.3 s of CPU, mostly merging the same ~30 files again. When no
+        override selects a config group, the defaults list is the same for every request, so the base
+        composition is done once and Hydra's own ``_apply_overrides_to_config`` applies the value
+        overrides to a deep copy: the last step of ``compose`` itself, on the same struct-mode config.
+        ``verify`` composes both ways and fails when they differ.
+        """
+        import copy
+
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from omegaconf import OmegaConf
+
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        if self._selects_configs(parsed):
+            return self._compose_full(config_name, overrides)
+        if config_name not in self._bases:
+            self._bases[config_name] = self._compose_full(config_name, [])
+        config = copy.deepcopy(self._bases[config_name])
+        ConfigLoaderImpl._apply_overrides_to_config(parsed, config)
+        if verify:
+            full = self._compose_full(config_name, overrides)
+            if OmegaConf.to_container(full) != OmegaConf.to_container(config):
+                raise CheckFailed("compose-equivalence", RuntimeError("the shortcut composition differs"))
+        return config
+
+    def _validate_config(self, config: Any) -> tuple[bool, bool]:
+        from verl.trainer.ppo.utils import need_critic, need_reference_policy
+        from verl.utils.config import validate_config
+
+        use_critic = need_critic(config)
+        if _version_tuple(self.version) >= (0, 7):
+            from verl.utils.device import auto_set_device
+
+            auto_set_device(config)
+            use_ref = need_reference_policy(config)
+        else:
+            # 0.6: TaskRunner.add_ref_policy_worker registers Role.RefPolicy on exactly this condition,
+            # and need_reference_policy() tests that registration.
+            from verl.trainer.ppo.utils import Role
+
+            mapping = {}
+            if config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss:
+                mapping[Role.RefPolicy] = object
+            use_ref = need_reference_policy(mapping)
+        validate_config(config=config, use_reference_policy=use_ref, use_critic=use_critic)
+        return use_ref, use_critic
+
+    def _dataclasses(self, config: Any) -> Any:
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import HFModelConfig, RolloutConfig
+
+        sections: list[tuple[str, Any, type | None]] = [
+            ("rollout", config.actor_rollout_ref.rollout, RolloutConfig),
+            ("model", config.actor_rollout_ref.model, HFModelConfig),
+        ]
+        converted: dict[str, Any] = {}
+        for name, section, cls in sections:
+            try:
+                converted[name] = omega_conf_to_dataclass(section, None if "_target_" in section else cls)
+            except Exception as exc:
+                raise CheckFailed(f"dataclass:{name}", exc) from exc
+        return converted["rollout"]
+
+    def _rollout(self, config: Any, rollout_config: Any) -> None:
+        from verl.workers.rollout import base
+
+        rollout = config.actor_rollout_ref.rollout
+        # get_rollout_class() asserts the (name, mode) pair is in this table, then imports the engine's
+        # adapter module, which needs vLLM itself: only the lookup is done here.
+        if (rollout.name, rollout.mode) not in base._ROLLOUT_REGISTRY:
+            known = sorted(base._ROLLOUT_REGISTRY)
+            raise CheckFailed(
+                "rollout_registry",
+                AssertionError(
+                    f"Rollout {rollout.name} with mode {rollout.mode} not found (verl knows {known})"
+                ),
+            )
+        if rollout.mode != "async":
+            return  # SPMD rollout (0.6 mode=sync) builds no replica servers
+        try:
+            from verl.workers.rollout.replica import RolloutReplica
+        except Exception as exc:
+            raise CheckFailed("rollout_replica", exc) from exc
+
+        class _ConstructOnly(RolloutReplica):  # type: ignore[misc,valid-type]
+            """Runs RolloutReplica.__init__ only; nothing is launched."""
+
+            def get_ray_class_with_init_args(self) -> Any:
+                raise NotImplementedError
+
+            async def launch_servers(self) -> None:
+                raise NotImplementedError
+
+        gpus_per_node = getattr(rollout_config, "n_gpus_per_node", None) or config.trainer.n_gpus_per_node
+        try:
+            _ConstructOnly(
+                replica_rank=0,
+                config=rollout,
+                model_config=config.actor_rollout_ref.model,
+                gpus_per_node=gpus_per_node,
+            )
+        except Exception as exc:
+            raise CheckFailed("rollout_replica", exc) from exc
+
+    # -- driver ---------------------------------------------------------------------------------
+    def check(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run every stage on one request; return its result object."""
+        stage = "parse"
+        try:
+            expected = request.get("version")
+            if expected and not self.version.startswith(str(expected)):
+                raise ValueError(f"request is for verl {expected}, this environment has verl {self.version}")
+            config_name, overrides = self._parse(request)
+            stage = "model"
+            model_dir = self.models.folder(request.get("modelShape") or DEFAULT_SHAPE)
+            stage = "compose"
+            config = self._compose(
+                config_name, self._localise(overrides, model_dir), bool(request.get("verifyCompose"))
+            )
+            stage = "validate_config"
+            self._validate_config(config)
+            stage = "dataclass"
+            rollout_config = self._dataclasses(config)
+            stage = "rollout_registry"
+            self._rollout(config, rollout_config)
+        except CheckFailed as failed:
+            return _result(request, failed.stage, failed.error)
+        except Exception as exc:
+            return _result(request, stage, exc)
+        return {"id": request.get("id"), "ok": True, "stage": "all", "error_type": None, "error": None}
+
+
+def _result(request: dict[str, Any], stage: str, error: BaseException) -> dict[str, Any]:
+    message = str(error) or repr(error)
+    if os.environ.get("VERL_FIDELITY_TRACEBACK"):
+        message += "\n" + "".join(traceback.format_exception(error))
+    return {
+        "id": request.get("id"),
+        "ok": False,
+        "stage": stage,
+        "error_type": type(error).__name__,
+        "error": message[:4000],
+    }
+
+
+def main() -> int:
+    """Read the requests from stdin, check each, write the results to stdout."""
+    payload = json.load(sys.stdin)
+    out = sys.stdout
+    workdir = Path(tempfile.mkdtemp(prefix="verl-fidelity-"))
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # verl prints progress; stdout carries only JSON
+            checker = Checker(ModelFolders(workdir / "models"))
+            results = [checker.check(request) for request in payload["requests"]]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    json.dump({"verlVersion": checker.version, "results": results}, out)
+    out.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
