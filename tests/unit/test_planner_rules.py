@@ -195,6 +195,29 @@ CASES = [
         None,
         id="lp-micro-0.6-splits-unevenly",
     ),
+    pytest.param(rules.critic_mesh, {"needs_critic": True}, {}, None, id="critic-mesh-ok"),
+    pytest.param(
+        rules.critic_mesh,
+        {"needs_critic": True, "critic_sequence_parallel_size": 3},
+        {},
+        "critic-sp",
+        id="critic-sp-3-on-8",
+    ),
+    pytest.param(
+        rules.critic_mesh,
+        {"needs_critic": True},
+        {"world": 6, "train_batch_size": 60, "ppo_mini_batch_size": 10, "rollout_n": 1},
+        "mini-batch-per-gpu",
+        id="critic-mini-10-on-6",
+    ),
+    pytest.param(
+        rules.critic_micro_divides_mini,
+        {"needs_critic": True},
+        # actor per-GPU mini 1280 / 4 = 320 takes 64; the critic's 1280 / 8 = 160 does not
+        {"sequence_parallel_size": 2, "critic_ppo_micro_batch_size_per_gpu": 64},
+        "micro-divides-mini",
+        id="critic-micro-uses-its-own-dp",
+    ),
     pytest.param(
         rules.critic_micro_divides_mini,
         {"needs_critic": True},

@@ -348,3 +348,15 @@ def test_unsupported_overrides(override: str, rule: str) -> None:
     result = plan_job(make_spec(8, overrides=[override]), make_nodes(1))
     assert rule in rules_of(result)
     assert any("spec.overrides[0]" in v.field for v in result.violations)
+
+
+def test_critic_micro_batch_follows_the_critic_mesh() -> None:
+    # Actor SP 2 (DP 4) and critic SP 1 (DP 8): the critic's per-GPU mini-batch is half the actor's.
+    spec = make_spec(8, algorithm="ppo", parallelism={"sequenceParallelSize": 2})
+    plan = feasible(plan_job(spec, make_nodes(1)))
+    out = dict(o.split("=", 1) for o in plan.overrides)
+    critic_micro = int(out["critic.ppo_micro_batch_size_per_gpu"])
+    critic_per_gpu = plan.batching.ppo_mini_batch_size * plan.batching.rollout_n // 8
+    assert critic_per_gpu % critic_micro == 0
+    # Its tokens per GPU (micro x seq / critic SP 1) do not exceed the actor's (micro x seq / 2).
+    assert critic_micro <= plan.batching.ppo_micro_batch_size_per_gpu // 2

@@ -88,6 +88,8 @@ READ_KEYS: dict[str, str] = {
     "critic.model.fsdp_config.param_offload": "critic_param_offload",
     "critic.model.fsdp_config.optimizer_offload": "critic_optimizer_offload",
     "critic.ppo_mini_batch_size": "critic_ppo_mini_batch_size",
+    "critic.ulysses_sequence_parallel_size": "critic_sequence_parallel_size",
+    "critic.model.fsdp_config.ulysses_sequence_parallel_size": "critic_sequence_parallel_size",
 }
 
 

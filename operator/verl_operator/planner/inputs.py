@@ -74,6 +74,7 @@ class Problem:
     max_position_embeddings: int | None = None
     rollout_ep: int | None = None
     chunked_prefill: bool = True
+    critic_sequence_parallel_size: int = 1
 
     @property
     def model_len(self) -> int:

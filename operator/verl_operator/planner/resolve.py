@@ -319,6 +319,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         max_position_embeddings=r.get_int("max_position_embeddings", reads=True),
         rollout_ep=ep,
         chunked_prefill=r.get_bool("enable_chunked_prefill", reads=True) is not False,
+        critic_sequence_parallel_size=r.get_int("critic_sequence_parallel_size", reads=True) or 1,
     )
     if r.violations:
         return r.violations

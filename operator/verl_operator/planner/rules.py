@@ -354,12 +354,57 @@ def log_prob_micro_divides(p: Problem, s: Settings) -> list[Violation]:
     ]
 
 
+def critic_data_parallel_size(p: Problem, s: Settings) -> int:
+    """The critic's data-parallel size: world / the critic's own Ulysses SP (verl's default 1)."""
+    return max(1, s.world // p.critic_sequence_parallel_size)
+
+
+def critic_mesh(p: Problem, s: Settings) -> list[Violation]:
+    """Rules 10, 11 and 21 for the critic (ppo), whose Ulysses SP is its own setting."""
+    if not p.needs_critic:
+        return []
+    csp = p.critic_sequence_parallel_size
+    heads, kv = p.shape.attention_heads, p.shape.kv_heads
+    field = p.source(
+        "critic_sequence_parallel_size", "spec.overrides (critic.ulysses_sequence_parallel_size)"
+    )
+    if s.world % csp or heads % csp or not (kv % csp == 0 or csp % kv == 0):
+        return [
+            Violation(
+                field=field,
+                rule="critic-sp",
+                message=(
+                    f"critic ulysses_sequence_parallel_size {csp} must divide the {s.world} GPUs and the model's "
+                    f"{heads} attention heads, and KV heads {kv} % SP or SP % KV heads must be 0"
+                ),
+                suggestions=["use the actor's sequenceParallelSize for the critic, or 1"],
+            )
+        ]
+    dp = critic_data_parallel_size(p, s)
+    total = s.ppo_mini_batch_size * s.rollout_n
+    if total % dp == 0 and total >= dp:
+        return []
+    return [
+        Violation(
+            field=_field(p, "ppo_mini_batch_size"),
+            rule="mini-batch-per-gpu",
+            message=(
+                f"the critic's mini-batch {s.ppo_mini_batch_size} x {s.rollout_n} = {total} does not divide over its "
+                f"{dp} data-parallel ranks ({s.world} GPUs / critic SP {csp})"
+            ),
+            suggestions=[
+                f"use ppoMiniBatchSize {_or(nearest(s.ppo_mini_batch_size, lambda m: (m * s.rollout_n) % dp == 0))}"
+            ],
+        )
+    ]
+
+
 def critic_micro_divides_mini(p: Problem, s: Settings) -> list[Violation]:
-    """Rule 22 for the critic (ppo)."""
+    """Rule 22 for the critic (ppo): its per-GPU mini-batch uses its own data-parallel size."""
     micro = s.critic_ppo_micro_batch_size_per_gpu
     if not p.needs_critic or s.dynamic_batch_size or micro is None:
         return []
-    per_gpu = s.ppo_mini_batch_size * s.rollout_n // s.data_parallel_size
+    per_gpu = s.ppo_mini_batch_size * s.rollout_n // critic_data_parallel_size(p, s)
     if per_gpu > 0 and per_gpu % micro == 0:
         return []
     return [
@@ -386,9 +431,12 @@ def dynamic_token_budget(p: Problem, s: Settings) -> list[Violation]:
         ("max_token_len_per_gpu", s.max_token_len_per_gpu),
         ("log_prob_max_token_len_per_gpu", s.log_prob_max_token_len_per_gpu or s.max_token_len_per_gpu),
     ]
-    if p.needs_critic and p.critic_max_token_len_per_gpu is not None:
-        budgets.append(("critic_max_token_len_per_gpu", p.critic_max_token_len_per_gpu))
+    if p.needs_critic:
+        # verl's default critic.ppo_max_token_len_per_gpu is 32768.
+        budgets.append(("critic_max_token_len_per_gpu", p.critic_max_token_len_per_gpu or 32768))
     for name, budget in budgets:
+        if name.startswith("critic"):
+            sp = p.critic_sequence_parallel_size
         if budget is None:
             out.append(
                 Violation(
@@ -477,6 +525,7 @@ RULES: tuple[Rule, ...] = (
     max_model_len,
     batched_tokens_cover_model_len,
     mini_batch_per_gpu,
+    critic_mesh,
     micro_divides_mini,
     log_prob_micro_divides,
     critic_micro_divides_mini,

@@ -65,6 +65,7 @@ MESH_RULES: tuple[rules.Rule, ...] = (
     rules.max_model_len,
     rules.batched_tokens_cover_model_len,
     rules.sp_remove_padding,
+    rules.critic_mesh,
 )
 
 
@@ -138,32 +139,39 @@ def _global_to_per_gpu(global_size: int | None, dp: int) -> int | None:
     return global_size // dp
 
 
-def global_micro_violations(p: Problem, fixed: Fixed, dp: int) -> list[Violation]:
+def global_micro_violations(p: Problem, fixed: Fixed, dp: int, critic_dp: int) -> list[Violation]:
     """A deprecated global micro-batch smaller than the data-parallel size leaves 0 sequences per GPU."""
     out = []
-    for name, value, key in (
-        ("ppo_micro_batch_size_global", fixed.ppo_micro_batch_size_global, "ppo_micro_batch_size_per_gpu"),
+    for name, value, key, ranks in (
+        (
+            "ppo_micro_batch_size_global",
+            fixed.ppo_micro_batch_size_global,
+            "ppo_micro_batch_size_per_gpu",
+            dp,
+        ),
         (
             "log_prob_micro_batch_size_global",
             fixed.log_prob_micro_batch_size_global,
             "log_prob_micro_batch_size_per_gpu",
+            dp,
         ),
         (
             "critic_ppo_micro_batch_size_global",
             fixed.critic_ppo_micro_batch_size_global,
             "critic.ppo_micro_batch_size_per_gpu",
+            critic_dp,
         ),
     ):
-        if value is not None and value // dp < 1:
+        if value is not None and value // ranks < 1:
             out.append(
                 Violation(
                     field=p.source(name, name),
                     rule="micro-batch-global",
                     message=(
-                        f"the global micro-batch {value} over {dp} data-parallel ranks is {value} // {dp} = 0 "
+                        f"the global micro-batch {value} over {ranks} data-parallel ranks is {value} // {ranks} = 0 "
                         f"sequences per GPU"
                     ),
-                    suggestions=[f"set {key} instead (per GPU), or a global value of at least {dp}"],
+                    suggestions=[f"set {key} instead (per GPU), or a global value of at least {ranks}"],
                 )
             )
     return out
@@ -399,7 +407,7 @@ def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found 
                 s = replace(base, ppo_mini_batch_size=mini)
                 mesh = rules.check(p, s, MESH_RULES)
                 if not s.dynamic_batch_size:
-                    mesh += global_micro_violations(p, fixed, dp)
+                    mesh += global_micro_violations(p, fixed, dp, rules.critic_data_parallel_size(p, s))
                 if fixed.ppo_mini_batch_size is not None or not mesh:
                     # An unpinned mini-batch only fails because of another input; report that one.
                     mesh += rules.mini_batch_per_gpu(p, s)
@@ -410,6 +418,14 @@ def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found 
                 if found is not None:
                     return found
     return Failed(best[0](), best[1])
+
+
+def critic_micro(p: Problem, s: Settings, actor_micro: int, critic_per_gpu: int) -> int:
+    """The critic's micro-batch: the largest divisor of its per-GPU mini-batch whose tokens per GPU do not exceed
+    the actor's (``micro x seq / SP``; the critic has its own SP, and no logits, so it then fits too)."""
+    bound = max(1, actor_micro * p.critic_sequence_parallel_size // s.sequence_parallel_size)
+    fitting = [d for d in rules.divisors(max(critic_per_gpu, 1)) if d <= bound]
+    return max(fitting, default=1)
 
 
 def _train_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
@@ -427,14 +443,18 @@ def _train_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
     pinned = fixed.ppo_micro_batch_size_per_gpu
     if pinned is None and fixed.ppo_micro_batch_size_global is not None:
         pinned = _global_to_per_gpu(fixed.ppo_micro_batch_size_global, dp)
+    critic_dp = rules.critic_data_parallel_size(p, s)
+    critic_per_gpu = s.ppo_mini_batch_size * s.rollout_n // critic_dp
     for micro in _micro_options(per_gpu, pinned):
         critic = fixed.critic_ppo_micro_batch_size_per_gpu
         if critic is None and fixed.critic_ppo_micro_batch_size_global is not None:
-            critic = _global_to_per_gpu(fixed.critic_ppo_micro_batch_size_global, dp)
+            critic = _global_to_per_gpu(fixed.critic_ppo_micro_batch_size_global, critic_dp)
+        if critic is None and p.needs_critic:
+            critic = critic_micro(p, s, micro, critic_per_gpu)
         yield replace(
             s,
             ppo_micro_batch_size_per_gpu=micro,
-            critic_ppo_micro_batch_size_per_gpu=(critic or micro) if p.needs_critic else None,
+            critic_ppo_micro_batch_size_per_gpu=critic if p.needs_critic else None,
         )
 
 
