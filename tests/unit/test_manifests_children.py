@@ -135,6 +135,7 @@ def test_pod_contract(index: int, role: str, node: str, name: str) -> None:
     assert env["VERL_OPERATOR_ROLE"] == role, "a user env var must not override the operator's"
     assert env["VERL_OPERATOR_ATTEMPT"] == "3" and env["HF_HOME"] == "/cache"
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert "RAY_ADDRESS" not in env
     req = container["resources"]["requests"]
     assert req["nvidia.com/gpu"] == "8" == container["resources"]["limits"]["nvidia.com/gpu"]

@@ -119,6 +119,7 @@ def _env(role: str, attempt: int, spec: VerlJobSpec) -> list[dict[str, Any]]:
         {"name": "VERL_OPERATOR_ATTEMPT", "value": str(attempt)},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
     reserved = {e["name"] for e in ours}
     return ours + [dict(e) for e in spec.env if e.get("name") not in reserved]
