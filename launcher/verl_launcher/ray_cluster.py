@@ -203,7 +203,8 @@ class RayCluster:
     def probes(self, nodes: Sequence[RayNode], timeout_s: float = PROBE_TIMEOUT_S) -> list[NodeProbe]:
         """Run :func:`collect_probe` once on each node (a zero-CPU task pinned to the node).
 
-        A node whose task fails or times out gets a probe carrying the error, so the check names it.
+        All tasks share one deadline (``timeout_s``). A node whose task fails or does not finish gets a probe
+        carrying the error, so the check names it.
         """
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -214,12 +215,19 @@ class RayCluster:
             ).remote()
             for n in nodes
         ]
+        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        done = set(ready)
         probes: list[NodeProbe] = []
         for node, ref in zip(nodes, refs, strict=True):
-            try:
-                probe: NodeProbe = self._ray.get(ref, timeout=timeout_s)
-            except Exception as exc:
-                probe = NodeProbe(node=node.hostname, ip=node.ip, errors=(f"probe task failed: {exc}",))
+            if ref not in done:
+                probe = NodeProbe(
+                    node=node.hostname, ip=node.ip, errors=(f"probe task did not finish in {timeout_s:g}s",)
+                )
+            else:
+                try:
+                    probe = self._ray.get(ref)
+                except Exception as exc:
+                    probe = NodeProbe(node=node.hostname, ip=node.ip, errors=(f"probe task failed: {exc}",))
             if not probe.ip:
                 probe = NodeProbe(probe.node, node.ip, probe.gpus, probe.topology, probe.source, probe.errors)
             probes.append(probe)

@@ -133,14 +133,13 @@ def _find_header(lines: list[str]) -> int:
     )
 
 
-def _split_header(line: str) -> tuple[int, list[str], list[str], list[str]]:
-    """Return (gpu count, NIC names, trailing column names, warnings) of the header line."""
+def _split_header(line: str) -> tuple[int, list[str], list[str]]:
+    """Return (GPU count, NIC column names, trailing column names) of the header line."""
     tokens = line.split()
     gpus = 0
     while gpus < len(tokens) and tokens[gpus] == f"GPU{gpus}":
         gpus += 1
     rest = tokens[gpus:]
-    warnings: list[str] = []
     try:
         tail_start = rest.index("CPU")
     except ValueError:
@@ -151,7 +150,7 @@ def _split_header(line: str) -> tuple[int, list[str], list[str], list[str]]:
     # Columns after the NICs: "CPU Affinity", "NUMA Affinity", "GPU NUMA ID" (names hold spaces).
     tail_text = " ".join(rest[tail_start:])
     tail = [name for name in ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID") if name in tail_text]
-    return gpus, nics, tail, warnings
+    return gpus, nics, tail
 
 
 def _parse_nic_legend(lines: list[str]) -> dict[str, str]:
@@ -219,7 +218,8 @@ def parse_topo_matrix(text: str) -> Topology:
     """
     lines = text.splitlines()
     start = _find_header(lines)
-    gpu_count, nic_names, tail, warnings = _split_header(lines[start])
+    gpu_count, nic_names, tail = _split_header(lines[start])
+    warnings: list[str] = []
     if gpu_count == 0:
         raise TopologyParseError(f"line {start + 1}: the header names no GPU columns")
     if start > 0:
@@ -271,6 +271,7 @@ def parse_topo_matrix(text: str) -> Topology:
     nics = tuple(legend.get(name, name) for name in nic_names)
     nic_links: list[tuple[str, ...]] = []
     affinity: list[GpuAffinity] = []
+    # A NIC column name with a digit followed by a capital (``NIC7NIC8``) is two names that lost their tab.
     nic_ok = all(re.match(r"^[A-Za-z][\w.\-]*$", n) and not re.search(r"\d[A-Z]", n) for n in nic_names)
     for _, row in rows:
         tokens = row.split()

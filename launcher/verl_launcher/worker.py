@@ -17,6 +17,9 @@ from verl_launcher.verl import build_env
 
 #: What ``ray start`` prints once the node runs (scripts.py, both for the head and for workers).
 STARTED_MARKER = "Ray runtime started."
+#: ``ray start --block`` either fails within about a minute (node registration times out after 30-60 s) or
+#: blocks for good once joined: still running after this long counts as joined even without the marker.
+ASSUME_JOINED_AFTER_S = 120.0
 
 
 @dataclass(frozen=True)
