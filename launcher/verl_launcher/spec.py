@@ -69,9 +69,9 @@ class Checkpoint(_Model):
 
     @field_validator("dir")
     @classmethod
-    def _absolute(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
-            raise ValueError(f"must be an absolute path, got {value!r}")
+    def _not_empty(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or "\x00" in value):
+            raise ValueError("must be a path (or null), got an empty string")
         return value
 
 

@@ -83,7 +83,7 @@ def test_nullable_fields() -> None:
         pytest.param("env", {"BAD-NAME": "x"}, "`env`", id="env-name"),
         pytest.param("expect.gpuMemoryMiB", -1, "`expect.gpuMemoryMiB`", id="memory-negative"),
         pytest.param("expect.nvlinkGroupSize", 0, "`expect.nvlinkGroupSize`", id="group-zero"),
-        pytest.param("checkpoint.dir", "relative/dir", "`checkpoint.dir`", id="checkpoint-relative"),
+        pytest.param("checkpoint.dir", " ", "`checkpoint.dir`", id="checkpoint-empty"),
         pytest.param("timeouts.clusterReadySeconds", 0, "`timeouts.clusterReadySeconds`", id="timeout-zero"),
         pytest.param("verlVersion", "latest", "`verlVersion`", id="verl-version"),
     ],
