@@ -7,13 +7,22 @@ import json
 import os
 import signal
 import sys
+import traceback
 import urllib.error
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
 from verl_launcher import labels as node_labels_mod
-from verl_launcher.exits import ExitCode, LauncherError, Outcome, write_termination_log
+from verl_launcher.exits import (
+    UNEXPECTED_ERROR_EXIT,
+    UNEXPECTED_ERROR_REASON,
+    ExitCode,
+    LauncherError,
+    Outcome,
+    write_termination_line,
+    write_termination_log,
+)
 from verl_launcher.head import DEFAULT_PROGRESS_FILE, HeadOptions, log, run_head
 from verl_launcher.probe import FAKE_GPUS_ENV, collect_probe
 from verl_launcher.ray_cluster import RayOptions
@@ -136,11 +145,19 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def run_role(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Run ``head`` or ``worker``; write the termination message; return the exit code."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         outcome = _run(args, env)
     except LauncherError as exc:
         outcome = Outcome(exc.code, exc.message)
+    except Exception as exc:  # a launcher bug: say so in the termination log rather than only in the log
+        traceback.print_exc()
+        message = f"unexpected launcher error: {type(exc).__name__}: {exc}"
+        log(f"exit {UNEXPECTED_ERROR_EXIT} {UNEXPECTED_ERROR_REASON}: {message}")
+        write_termination_line(UNEXPECTED_ERROR_REASON, message)
+        return UNEXPECTED_ERROR_EXIT
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     log(f"exit {int(outcome.code)} {outcome.reason}: {outcome.message}")
     write_termination_log(outcome)
     return int(outcome.code)

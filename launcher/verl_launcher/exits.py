@@ -56,6 +56,12 @@ RETRYABLE: dict[ExitCode, bool] = {
 }
 
 
+#: Not in the contract's table: an unexpected error inside the launcher itself (a bug). The operator treats
+#: unknown exit codes as a retryable pod failure.
+UNEXPECTED_ERROR_EXIT = 1
+UNEXPECTED_ERROR_REASON = "LauncherFailed"
+
+
 class LauncherError(Exception):
     """A failure that ends the launcher with a specific exit code.
 
@@ -117,8 +123,13 @@ def write_termination_log(outcome: Outcome, path: str | None = None) -> None:
         outcome: The exit code and message.
         path: The file to write; defaults to ``$VERL_LAUNCHER_TERMINATION_LOG`` or ``/dev/termination-log``.
     """
+    write_termination_line(outcome.reason, outcome.message, path)
+
+
+def write_termination_line(reason: str, message: str, path: str | None = None) -> None:
+    """Write ``{"reason": reason, "message": message}`` to the termination log (see :func:`write_termination_log`)."""
     target = path or os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
-    line = termination_line(outcome.reason, outcome.message)
+    line = termination_line(reason, message)
     try:
         Path(target).write_text(line + "\n", encoding="utf-8")
     except OSError as exc:

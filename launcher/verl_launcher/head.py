@@ -127,7 +127,12 @@ def run_head(spec: LaunchSpec, options: HeadOptions, env: Mapping[str, str]) -> 
     local_address = f"127.0.0.1:{spec.head.port}"
     argv = head_start_argv(spec, options.ray)
     log("starting the Ray head: " + " ".join(argv))
-    head = Child(argv, build_env(spec, env, with_ray_address=False), prefix="[ray-head] ")
+    try:
+        head = Child(argv, build_env(spec, env, with_ray_address=False), prefix="[ray-head] ")
+    except OSError as exc:
+        raise LauncherError(
+            ExitCode.CLUSTER_NOT_READY, f"cannot start `{argv[0]}`: {exc.strerror or exc}"
+        ) from exc
     cluster: RayCluster | None = None
     verl: Child | None = None
     try:
@@ -157,7 +162,13 @@ def run_head(spec: LaunchSpec, options: HeadOptions, env: Mapping[str, str]) -> 
             return None if summary is None else "VERL_PROGRESS " + json.dumps(summary, separators=(",", ":"))
 
         log("running verl: " + json.dumps(verl_argv))
-        verl = Child(verl_argv, verl_env, on_line=on_line)
+        try:
+            verl = Child(verl_argv, verl_env, on_line=on_line)
+        except OSError as exc:
+            raise LauncherError(
+                ExitCode.VERL_FAILED,
+                f"cannot start verl `{verl_argv[0]}` (entrypoint): {exc.strerror or exc}",
+            ) from exc
         code = _watch_verl(verl, head, cluster, nodes, options)
         where = f"step {tracker.step}" + (f" of {tracker.total_steps}" if tracker.total_steps else "")
         if code == 0:

@@ -83,9 +83,14 @@ def _join(spec: LaunchSpec, options: WorkerOptions, env: Mapping[str, str], dead
             if STARTED_MARKER in line:
                 started.append(True)
 
-        child = Child(
-            argv, build_env(spec, env, with_ray_address=False), prefix="[ray-worker] ", on_line=on_line
-        )
+        try:
+            child = Child(
+                argv, build_env(spec, env, with_ray_address=False), prefix="[ray-worker] ", on_line=on_line
+            )
+        except OSError as exc:
+            raise LauncherError(
+                ExitCode.HEAD_UNREACHABLE, f"cannot start `{argv[0]}` to join the head: {exc.strerror or exc}"
+            ) from exc
         while not started and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         if started:

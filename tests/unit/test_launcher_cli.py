@@ -203,3 +203,61 @@ def test_child_stop_kills_the_group(tmp_path: Path) -> None:
     time.sleep(0.2)
     status = Path(f"/proc/{grandchild}/status")
     assert not status.exists() or "zombie" in status.read_text()
+
+
+def write_spec(path: Path, port: int, timeouts: float = 3) -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "verl-operator.io/v1alpha1",
+                "kind": "LaunchSpec",
+                "job": {"name": "j", "namespace": "n"},
+                "verlVersion": "0.9",
+                "nnodes": 1,
+                "gpusPerNode": 1,
+                "head": {"host": "127.0.0.1", "port": port},
+                "entrypoint": ["python3"],
+                "timeouts": {"clusterReadySeconds": timeouts, "workerJoinSeconds": timeouts},
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def role_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("VERL_LAUNCHER_TERMINATION_LOG", str(tmp_path / "termination-log"))
+    monkeypatch.setenv("VERL_LAUNCHER_FAKE_GPUS", "1")
+    return tmp_path
+
+
+def test_head_without_a_ray_executable_is_cluster_not_ready(role_env: Path) -> None:
+    spec = write_spec(role_env / "launch.json", port=1)
+    assert cli.main(["head", "--spec", str(spec), "--ray-executable", str(role_env / "no-ray")]) == 13
+    doc = json.loads((role_env / "termination-log").read_text())
+    assert (
+        doc["reason"] == "ClusterNotReady" and "cannot start" in doc["message"] and "no-ray" in doc["message"]
+    )
+
+
+def test_worker_without_a_ray_executable_is_head_unreachable(role_env: Path) -> None:
+    import socket
+
+    with socket.socket() as listener:  # the head's port answers, so the worker gets as far as `ray start`
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        spec = write_spec(role_env / "launch.json", port=listener.getsockname()[1])
+        assert cli.main(["worker", "--spec", str(spec), "--ray-executable", str(role_env / "no-ray")]) == 14
+    doc = json.loads((role_env / "termination-log").read_text())
+    assert doc["reason"] == "HeadUnreachable" and "to join the head" in doc["message"]
+
+
+def test_unexpected_errors_are_reported(role_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli, "run_worker", broken)
+    spec = write_spec(role_env / "launch.json", port=1)
+    assert cli.main(["worker", "--spec", str(spec)]) == 1
+    doc = json.loads((role_env / "termination-log").read_text())
+    assert doc == {"reason": "LauncherFailed", "message": "unexpected launcher error: RuntimeError: boom"}
