@@ -34,6 +34,7 @@ test-cluster: venv
 	$(PYTEST) tests/cluster
 
 test-fidelity: venv
+	$(BIN)/python tests/fidelity/verl_envs.py
 	$(PYTEST) tests/fidelity
 
 # Every tier: pure logic, real local Ray, the real local control plane, verl's own config code.

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from plan_sample import RELEASE, SAMPLE_SIZE, Draw, sample
 from verl_envs import SUPPORTED_VERSIONS, VerlEnv, ensure_env
 
 HERE = Path(__file__).parent
@@ -27,3 +29,21 @@ def verl_envs(request: pytest.FixtureRequest) -> Iterator[dict[str, VerlEnv]]:
         for version in SUPPORTED_VERSIONS:
             envs[version] = ensure_env(version)
     yield envs
+
+
+@pytest.fixture(scope="session")
+def accepted_plans() -> dict[str, list[tuple[Draw, Any, Any]]]:
+    """The sample's feasible plans, by verl release: ``(draw, VerlJobSpec, PlanResult)``.
+
+    Skips while ``verl_operator.planner`` cannot be imported.
+    """
+    planner = pytest.importorskip("verl_operator.planner", reason="verl_operator.planner cannot be imported")
+    from verl_operator.api.spec import VerlJobSpec
+
+    out: dict[str, list[tuple[Draw, Any, Any]]] = {release: [] for release in RELEASE.values()}
+    for item in sample(SAMPLE_SIZE):
+        spec = VerlJobSpec.model_validate(item.spec)
+        result = planner.plan_job(spec, item.nodes)
+        if result.feasible:
+            out[RELEASE[spec.verl.version]].append((item, spec, result))
+    return out

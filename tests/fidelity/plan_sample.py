@@ -12,6 +12,10 @@ import dataclasses
 import random
 from typing import Any
 
+SAMPLE_SIZE = 400  # draws; about 60% are feasible, so a few hundred plans over both versions
+#: The verl release each VerlJob version line is checked against.
+RELEASE = {"0.6": "0.6.1", "0.9": "0.9.1"}
+
 MODELS: tuple[str, ...] = (
     "Qwen/Qwen2.5-0.5B-Instruct",
     "Qwen/Qwen2.5-3B-Instruct",
@@ -127,3 +131,14 @@ def sample(count: int, seed: int = 20260) -> list[Draw]:
     """``count`` draws from a fixed seed."""
     rng = random.Random(seed)
     return [draw(rng, index) for index in range(count)]
+
+
+def model_shape(spec: Any) -> dict[str, Any]:
+    """The plan's model shape as camelCase: the spec's, else the planner's catalog entry."""
+    from verl_operator.planner import catalog
+
+    if spec.model.shape is not None:
+        return dict(spec.model.shape.to_wire())
+    entry = catalog.lookup(spec.model.path)
+    assert entry is not None, f"the sample uses {spec.model.path}, which is not in the catalog"
+    return dict(entry.shape.to_wire())
