@@ -194,6 +194,48 @@ CASES: list[Any] = [
     ),
     pytest.param(
         "0.9.1",
+        CheckRequest(
+            "sp2", overrides(actor_rollout_ref__actor__fsdp_config__ulysses_sequence_parallel_size="2")
+        ),
+        True,
+        "all",
+        None,
+        id="0.9.1-valid-sp2-heads-14",
+    ),
+    pytest.param(
+        "0.9.1",
+        CheckRequest(
+            "sp4", overrides(actor_rollout_ref__actor__fsdp_config__ulysses_sequence_parallel_size="4")
+        ),
+        False,
+        "monkey_patch",
+        "num_attention_heads 14 must be divisible by ulysses_sp_size 4",
+        id="0.9.1-sp4-does-not-divide-14-heads",
+    ),
+    pytest.param(
+        "0.6.1",
+        CheckRequest("sp2-padding", overrides(actor_rollout_ref__actor__ulysses_sequence_parallel_size="2")),
+        False,
+        "validate_config",
+        "you must enable `use_remove_padding`",
+        id="0.6.1-sp-needs-remove-padding",
+    ),
+    pytest.param(
+        "0.6.1",
+        CheckRequest(
+            "sp4",
+            overrides(
+                actor_rollout_ref__actor__ulysses_sequence_parallel_size="4",
+                actor_rollout_ref__model__use_remove_padding="True",
+            ),
+        ),
+        False,
+        "monkey_patch",
+        "num_attention_heads 14 must be divisible by ulysses_sp_size 4",
+        id="0.6.1-sp4-does-not-divide-14-heads",
+    ),
+    pytest.param(
+        "0.9.1",
         CheckRequest("argv-module", argv=("python3", "-m", "verl.trainer.main_ppo_v0", *overrides())),
         False,
         "parse",

@@ -29,6 +29,9 @@ The checks, in the order ``verl.trainer.main_ppo`` meets them:
    ``_ROLLOUT_REGISTRY`` (the adapter module it then imports needs vLLM, which is not installed).
 6. ``rollout_replica``: the constructor of ``RolloutReplica`` (server mode only), whose arithmetic
    checks that a replica larger than a node is a whole number of nodes.
+7. ``monkey_patch``: ``verl.models.transformers.monkey_patch.apply_monkey_patch``, which the FSDP workers
+   call after loading the model, on a meta-device model of the folder's config, for each Ulysses
+   sequence-parallel size in use (it asserts attention and KV heads against the SP size).
 
 This file imports only the standard library at module level: it runs on the verl environment's Python.
 """
@@ -177,6 +180,7 @@ class Checker:
         self.models = models
         self.config_dir = Path(verl.__file__).parent / "trainer" / "config"
         self._bases: dict[str, Any] = {}
+        self._meta_models: dict[str, Any] = {}
 
     # -- stages ---------------------------------------------------------------------------------
     def _parse(self, request: dict[str, Any]) -> tuple[str, list[str]]:
@@ -349,6 +353,46 @@ class Checker:
         except Exception as exc:
             raise CheckFailed("rollout_replica", exc) from exc
 
+    def _meta_model(self, model_dir: Path) -> Any:
+        """The model of ``model_dir`` built on torch's meta device: modules and shapes, no memory."""
+        key = str(model_dir)
+        if key not in self._meta_models:
+            import torch
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            with torch.device("meta"):
+                self._meta_models[key] = AutoModelForCausalLM.from_config(
+                    AutoConfig.from_pretrained(model_dir)
+                )
+        return self._meta_models[key]
+
+    def _worker_patches(self, config: Any, use_ref: bool, use_critic: bool, model_dir: Path) -> None:
+        """verl's ``apply_monkey_patch`` for every Ulysses SP size a worker may use (heads vs SP asserts).
+
+        The FSDP workers call it on the loaded model; it is called here on a meta-device model of the
+        same config. Every ``ulysses_sequence_parallel_size`` above 1 in the sections that get a worker
+        (actor, ref when used, critic when used; top level and ``fsdp_config``) is applied.
+        """
+        if config.actor_rollout_ref.actor.strategy not in ("fsdp", "fsdp2"):
+            return
+        sections = [config.actor_rollout_ref.actor]
+        sections += [config.actor_rollout_ref.ref] if use_ref else []
+        sections += [config.critic] if use_critic else []
+        sizes: set[int] = set()
+        for section in sections:
+            for node in (section, section.get("fsdp_config") or {}):
+                value = node.get("ulysses_sequence_parallel_size")
+                if value is not None and int(value) > 1:
+                    sizes.add(int(value))
+        if not sizes:
+            return
+        from verl.models.transformers.monkey_patch import apply_monkey_patch
+
+        model = self._meta_model(model_dir)
+        use_remove_padding = bool(config.actor_rollout_ref.model.get("use_remove_padding", False))
+        for size in sorted(sizes):
+            apply_monkey_patch(model=model, ulysses_sp_size=size, use_remove_padding=use_remove_padding)
+
     # -- driver ---------------------------------------------------------------------------------
     def check(self, request: dict[str, Any]) -> dict[str, Any]:
         """Run every stage on one request; return its result object."""
@@ -365,11 +409,13 @@ class Checker:
                 config_name, self._localise(overrides, model_dir), bool(request.get("verifyCompose"))
             )
             stage = "validate_config"
-            self._validate_config(config)
+            use_ref, use_critic = self._validate_config(config)
             stage = "dataclass"
             rollout_config = self._dataclasses(config)
             stage = "rollout_registry"
             self._rollout(config, rollout_config)
+            stage = "monkey_patch"
+            self._worker_patches(config, use_ref, use_critic, model_dir)
         except CheckFailed as failed:
             return _result(request, failed.stage, failed.error)
         except Exception as exc:
