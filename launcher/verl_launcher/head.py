@@ -137,8 +137,19 @@ def run_head(spec: LaunchSpec, options: HeadOptions, env: Mapping[str, str]) -> 
     verl: Child | None = None
     try:
         cluster = _connect(local_address, head, deadline)
+        ray_cluster = cluster
+
+        def current_nodes() -> list[RayNode]:
+            if head.poll() is not None:
+                tail = " | ".join(head.last_lines[-3:])
+                raise LauncherError(
+                    ExitCode.CLUSTER_NOT_READY,
+                    f"`ray start --head` exited with code {head.poll()} before the cluster was ready: {tail}",
+                )
+            return ray_cluster.nodes()
+
         nodes = wait_for_cluster(
-            cluster.nodes,
+            current_nodes,
             spec,
             deadline_s=max(0.0, deadline - time.monotonic()),
             poll_s=options.poll_s,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -192,9 +193,15 @@ class RayCluster:
         import ray
 
         self._ray = ray
-        ray.init(
-            address=address, namespace="verl-launcher", log_to_driver=False, logging_level=logging.WARNING
-        )
+        # ray.init installs its own SIGTERM handler (exit 15 after a stack dump); keep the launcher's, which
+        # stops verl and Ray in order.
+        previous = signal.getsignal(signal.SIGTERM)
+        try:
+            ray.init(
+                address=address, namespace="verl-launcher", log_to_driver=False, logging_level=logging.WARNING
+            )
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     def nodes(self) -> list[RayNode]:
         """The current node table."""

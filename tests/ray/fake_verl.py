@@ -22,7 +22,9 @@ def main() -> int:
     if os.environ.get("FAKE_VERL_RAY_INIT") == "1":
         import ray
 
-        ray.init(logging_level=logging.ERROR, log_to_driver=False)  # the address comes from RAY_ADDRESS, as in verl
+        ray.init(
+            logging_level=logging.ERROR, log_to_driver=False
+        )  # the address comes from RAY_ADDRESS, as in verl
         resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
         record["clusterResources"] = {k: v for k, v in resources.items() if k in ("GPU", "CPU")}
         record["aliveNodes"] = len([n for n in ray.nodes() if n["Alive"]])  # type: ignore[no-untyped-call]

@@ -201,11 +201,12 @@ class Env:
     def kill_node(self, launcher: Launcher) -> None:
         """Make a node vanish: SIGKILL its launcher and every Ray process of that node (found by its port)."""
         os.kill(launcher.proc.pid, signal.SIGKILL)
-        for pid in _pids_with(f"--node-manager-port={launcher.marker}"):
+        for pid in pids_with(f"--node-manager-port={launcher.marker}"):
             _kill_group(pid)
 
 
-def _pids_with(text: str) -> list[int]:
+def pids_with(text: str) -> list[int]:
+    """Processes whose command line contains ``text`` (how the tests find the Ray processes they started)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -245,7 +246,7 @@ def ray_env() -> Iterator[Env]:
                 _kill_group(launcher.proc.pid)
         # Anything of this test's Ray cluster still alive (found by its unique temp dir or GCS port) goes too.
         for text in (str(env.ray_tmp), f"--address=127.0.0.1:{env.port}", f"-address=127.0.0.1:{env.port}"):
-            for pid in _pids_with(text):
+            for pid in pids_with(text):
                 if pid != os.getpid():
                     _kill_group(pid)
         for launcher in env.launchers:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 
+import launcher_cluster
 import pytest
 from launcher_cluster import Env
 
@@ -138,3 +140,22 @@ def test_invalid_spec_maps_to_2(ray_env: Env) -> None:
     termination = head.termination()
     assert termination["reason"] == "InvalidLaunchSpec"
     assert "field `nnodes`" in termination["message"] and str(path) in termination["message"]
+
+
+def test_sigterm_stops_verl_and_ray(ray_env: Env) -> None:
+    """Pod deletion: the launcher gets SIGTERM, stops verl's process group and its Ray head, then exits."""
+    record = ray_env.root / "verl-record.json"
+    ray_env.spec(nnodes=1, env={"FAKE_VERL_SLEEP": "300", "FAKE_VERL_RECORD": str(record)})
+    head = ray_env.start("head", "h-0")
+    deadline = time.monotonic() + 120
+    while not record.exists() and head.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert record.exists(), head.output()
+    verl_pid = json.loads(record.read_text())["pid"]
+    head.proc.send_signal(signal.SIGTERM)
+    assert head.wait(60) == 128 + signal.SIGTERM, head.output()
+    assert "stopping the Ray head" in head.output()
+    time.sleep(0.5)
+    status = Path(f"/proc/{verl_pid}/status")
+    assert not status.exists() or "zombie" in status.read_text()
+    assert not launcher_cluster.pids_with(str(ray_env.ray_tmp))  # no Ray process of this head is left
