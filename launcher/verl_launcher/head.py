@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -64,12 +65,10 @@ def _connect(address: str, head: Child, deadline: float) -> RayCluster:
             return RayCluster(address)
         except Exception as exc:  # ray raises ConnectionError and others while the GCS comes up
             last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            try:
+            with contextlib.suppress(Exception):
                 import ray
 
                 ray.shutdown()
-            except Exception:
-                pass
         if time.monotonic() >= deadline:
             raise LauncherError(
                 ExitCode.CLUSTER_NOT_READY, f"could not connect to the local Ray head at {address}: {last}"
@@ -82,10 +81,8 @@ def _watch_verl(
 ) -> int:
     """Wait for verl; stop it and raise WORKER_LOST when a node of the cluster vanishes."""
     while True:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             return verl.wait(timeout=options.poll_s)
-        except Exception:
-            pass
         if head.poll() is not None:
             verl.stop(options.stop_grace_s)
             raise LauncherError(
