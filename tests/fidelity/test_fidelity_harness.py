@@ -89,6 +89,22 @@ CASES: list[Any] = [
     ),
     pytest.param(
         "0.9.1",
+        CheckRequest("no-name", overrides(drop=("actor_rollout_ref.rollout.name",))),
+        False,
+        "dataclass:rollout",
+        "name",
+        id="0.9.1-rollout-name-has-no-default",
+    ),
+    pytest.param(
+        "0.9.1",
+        CheckRequest("pp", overrides(actor_rollout_ref__rollout__pipeline_model_parallel_size="2")),
+        False,
+        "dataclass:rollout",
+        "pipeline_model_parallel_size > 1",
+        id="0.9.1-rollout-pp-not-implemented",
+    ),
+    pytest.param(
+        "0.9.1",
         CheckRequest("no-micro", overrides(drop=("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",))),
         False,
         "validate_config",

@@ -43,6 +43,11 @@ def test_sample_is_broad(accepted_plans: Plans, release: str) -> None:
     }
     assert len(worlds) >= 4, worlds
     assert max(nnodes) > 1, "no multi-node plan in the sample"
+    layouts = [result.plan for _, _, result in plans]
+    assert any(plan.sequence_parallel_size > 1 for plan in layouts), "no Ulysses SP plan"
+    assert any(plan.rollout.tensor_parallel_size > 1 for plan in layouts), "no rollout TP > 1 plan"
+    assert any(plan.batching.dynamic_batch_size for plan in layouts), "no dynamic batch size plan"
+    assert any(spec.algorithm.needs_critic for _, spec, _ in plans), "no plan with a critic"
 
 
 @pytest.mark.parametrize("release", sorted(RELEASE.values()))
