@@ -38,6 +38,16 @@ GPU_KINDS: tuple[tuple[str, int, tuple[int, ...]], ...] = (
 )
 
 
+#: Overrides from verl's example scripts that the planner does not own.
+PASS_THROUGH: tuple[tuple[str, ...], ...] = (
+    ("trainer.total_epochs=2",),
+    ("actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.model.enable_gradient_checkpointing=True"),
+    ("trainer.logger=['console']", "trainer.project_name=verl_grpo_example", "trainer.save_freq=20"),
+    ("algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0", "trainer.test_freq=5"),
+    ("actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.rollout.temperature=1.0"),
+)
+
+
 def make_node(name: str, gpus: int, product: str, memory_mib: int) -> dict[str, Any]:
     """A Ready GPU Node as the API server returns it (camelCase)."""
     return {
@@ -91,12 +101,20 @@ def draw(rng: random.Random, index: int) -> Draw:
     tbs = _maybe(rng, 0.5, rng.choice((32, 60, 64, 96, 128, 256, 512, 1024)))
     if tbs is not None:
         data["trainBatchSize"] = tbs
+    overrides: list[str] = []
+    raw = rng.random() < 0.4  # pins written as raw verl overrides, as pasted from an example script
     rollout: dict[str, Any] = {}
     if n is not None:
-        rollout["n"] = n
+        if raw:
+            overrides.append(f"actor_rollout_ref.rollout.n={n}")
+        else:
+            rollout["n"] = n
     tp = _maybe(rng, 0.25, rng.choice((1, 2, 4, 8)))
     if tp is not None:
-        rollout["tensorParallelSize"] = tp
+        if raw:
+            overrides.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}")
+        else:
+            rollout["tensorParallelSize"] = tp
     parallelism: dict[str, Any] = {}
     sp = _maybe(rng, 0.2, rng.choice((1, 2, 4)))
     if sp is not None:
@@ -106,12 +124,11 @@ def draw(rng: random.Random, index: int) -> Draw:
         batching["dynamicBatchSize"] = True
     if tbs is not None and rng.random() < 0.3:
         batching["ppoMiniBatchSize"] = rng.choice([m for m in (8, 16, 32, 64, 128, 256) if m <= tbs] or [tbs])
-    overrides: list[str] = []
     if rng.random() < 0.3:
         overrides.append("actor_rollout_ref.actor.use_kl_loss=True")
         overrides.append("actor_rollout_ref.actor.kl_loss_coef=0.001")
-    if rng.random() < 0.3:
-        overrides.append("trainer.total_epochs=2")
+    if rng.random() < 0.3:  # settings the planner does not own pass through to verl unchanged
+        overrides += rng.choice(PASS_THROUGH)
     spec: dict[str, Any] = {
         "verl": {"image": "verl:test", "version": version},
         "model": {"path": model},
