@@ -83,3 +83,38 @@ def test_every_accepted_plan_passes_verl(
         f"{len(failures)} of {len(plans)} accepted plans fail verl {release}'s own checks:\n"
         + "\n".join(json.dumps(failure, indent=1) for failure in failures)
     )
+
+
+def _break_batch(overrides: list[str]) -> list[str] | None:
+    """The plan with ``data.train_batch_size`` moved to the next size that ``B % W`` rejects, or None."""
+    if _override(overrides, "actor_rollout_ref.actor.use_dynamic_bsz") == "True":
+        return None  # verl skips the batch check with dynamic batch size
+    world = int(_override(overrides, "trainer.nnodes")) * int(_override(overrides, "trainer.n_gpus_per_node"))
+    if world == 1:
+        return None
+    n = int(_override(overrides, "actor_rollout_ref.rollout.n"))
+    if n % world == 0:
+        return None  # every batch size gives a multiple of the world
+    batch = int(_override(overrides, "data.train_batch_size")) + 1
+    while (batch * n) % world == 0:
+        batch += 1
+    return [o for o in overrides if not o.startswith("data.train_batch_size=")] + [
+        f"data.train_batch_size={batch}"
+    ]
+
+
+@pytest.mark.parametrize("release", sorted(RELEASE.values()))
+def test_a_broken_plan_is_caught(accepted_plans: Plans, verl_envs: dict[str, VerlEnv], release: str) -> None:
+    """The same path rejects accepted plans whose batch was made indivisible: the test above can fail."""
+    broken = [
+        (item, spec, changed)
+        for item, spec, result in accepted_plans[release][::5]
+        if (changed := _break_batch(list(result.plan.overrides))) is not None
+    ][:12]
+    assert len(broken) >= 5, "too few plans to break"
+    requests = [
+        CheckRequest(item.label, tuple(changed), (), model_shape(spec)) for item, spec, changed in broken
+    ]
+    results = check_batch(verl_envs[release], requests)
+    assert [(r.ok, r.stage) for r in results] == [(False, "validate_config")] * len(results), results
+    assert all("real_train_batch_size" in (r.error or "") for r in results), results
