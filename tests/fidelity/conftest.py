@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from plan_sample import RELEASE, SAMPLE_SIZE, Draw, sample
+from verl_client import VerlRunner
 from verl_envs import SUPPORTED_VERSIONS, VerlEnv, ensure_env
 
 HERE = Path(__file__).parent
@@ -29,6 +30,17 @@ def verl_envs(request: pytest.FixtureRequest) -> Iterator[dict[str, VerlEnv]]:
         for version in SUPPORTED_VERSIONS:
             envs[version] = ensure_env(version)
     yield envs
+
+
+@pytest.fixture(scope="session")
+def verl_runners(verl_envs: dict[str, VerlEnv]) -> Iterator[dict[str, VerlRunner]]:
+    """One long-lived runner process per verl release, shared by the session's tests, stopped at the end."""
+    runners = {version: VerlRunner(env) for version, env in verl_envs.items()}
+    try:
+        yield runners
+    finally:
+        for runner in runners.values():
+            runner.close()
 
 
 @pytest.fixture(scope="session")

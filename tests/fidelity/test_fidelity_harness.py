@@ -6,10 +6,11 @@ verl's (or Hydra's) own wording for that mistake, so a harness that stopped runn
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
-from verl_client import MAIN_PPO_ARGV, CheckRequest, CheckResult, check_batch
+from verl_client import MAIN_PPO_ARGV, CheckRequest, CheckResult, VerlRunner, check_batch
 from verl_envs import VerlEnv
 
 #: A valid GRPO launch on one node of 8 GPUs: 64 prompts x 4 samples = 256 trajectories, 32 per GPU.
@@ -262,7 +263,7 @@ CASES: list[Any] = [
 
 
 @pytest.fixture(scope="module")
-def verdicts(verl_envs: dict[str, VerlEnv]) -> dict[tuple[str, str], CheckResult]:
+def verdicts(verl_runners: dict[str, VerlRunner]) -> dict[tuple[str, str], CheckResult]:
     """Every case checked, one runner process per verl version."""
     by_version: dict[str, list[tuple[str, CheckRequest]]] = {}
     for case in CASES:
@@ -274,7 +275,7 @@ def verdicts(verl_envs: dict[str, VerlEnv]) -> dict[tuple[str, str], CheckResult
             CheckRequest(case_id, r.overrides, r.argv, r.model_shape, verify_compose=True)
             for case_id, r in items
         ]
-        for result in check_batch(verl_envs[version], requests):
+        for result in verl_runners[version].check(requests):
             out[(version, result.id)] = result
     return out
 
@@ -294,3 +295,17 @@ def test_verl_verdict(
     assert (result.ok, result.stage) == (ok, stage), result
     if fragment is not None:
         assert result.error is not None and fragment in result.error, result
+
+
+def test_one_shot_process_gives_the_same_verdicts(
+    verl_envs: dict[str, VerlEnv], verdicts: dict[tuple[str, str], CheckResult]
+) -> None:
+    """``check_batch`` (one process, one JSON document on stdin) answers as the long-lived runner does."""
+    chosen = [case for case in CASES if case.values[0] == "0.9.1"][:6]
+    requests = [CheckRequest(case.id, *dataclasses.astuple(case.values[1])[1:4]) for case in chosen]
+    results = check_batch(verl_envs["0.9.1"], requests)
+    assert [(r.ok, r.stage, r.error) for r in results] == [
+        (verdicts[("0.9.1", c.id)].ok, verdicts[("0.9.1", c.id)].stage, verdicts[("0.9.1", c.id)].error)
+        for c in chosen
+    ]
+    assert {r.ok for r in results} == {True, False}, "the chosen cases must include passes and failures"

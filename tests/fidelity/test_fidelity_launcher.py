@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 from plan_sample import RELEASE, Draw, model_shape
-from verl_client import MAIN_PPO_ARGV, CheckRequest, check_batch
-from verl_envs import VerlEnv
+from verl_client import MAIN_PPO_ARGV, CheckRequest, VerlRunner
 
 launcher_verl = pytest.importorskip("verl_launcher.verl", reason="verl_launcher.verl cannot be imported")
 launcher_spec = pytest.importorskip("verl_launcher.spec", reason="verl_launcher.spec cannot be imported")
@@ -42,7 +41,7 @@ def launch_argv(index: int, spec: Any, plan: Any) -> list[str]:
 
 @pytest.mark.parametrize("release", sorted(RELEASE.values()))
 def test_launcher_argv_passes_verl(
-    accepted_plans: dict[str, list[tuple[Draw, Any, Any]]], verl_envs: dict[str, VerlEnv], release: str
+    accepted_plans: dict[str, list[tuple[Draw, Any, Any]]], verl_runners: dict[str, VerlRunner], release: str
 ) -> None:
     chosen = accepted_plans[release][::EVERY]
     assert len(chosen) >= 10, f"only {len(chosen)} plans to build argvs from"
@@ -52,7 +51,7 @@ def test_launcher_argv_passes_verl(
         CheckRequest(f"{item.label}-argv", argv=tuple(argv), model_shape=model_shape(spec))
         for (item, spec, _), argv in zip(chosen, argvs, strict=True)
     ]
-    results = check_batch(verl_envs[release], requests)
+    results = verl_runners[release].check(requests)
     failures = [
         {
             "case": result.id,

@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 from plan_sample import RELEASE, Draw, model_shape
-from verl_client import CheckRequest, check_batch
-from verl_envs import VerlEnv
+from verl_client import CheckRequest, VerlRunner
 
 #: Fewest feasible plans per version for the sample to count as broad (guards against a vacuous pass).
 MIN_FEASIBLE = 60
@@ -52,7 +51,7 @@ def test_sample_is_broad(accepted_plans: Plans, release: str) -> None:
 
 @pytest.mark.parametrize("release", sorted(RELEASE.values()))
 def test_every_accepted_plan_passes_verl(
-    accepted_plans: Plans, verl_envs: dict[str, VerlEnv], release: str
+    accepted_plans: Plans, verl_runners: dict[str, VerlRunner], release: str
 ) -> None:
     plans = accepted_plans[release]
     requests = [
@@ -65,7 +64,7 @@ def test_every_accepted_plan_passes_verl(
         )
         for index, (item, spec, result) in enumerate(plans)
     ]
-    results = check_batch(verl_envs[release], requests)
+    results = verl_runners[release].check(requests)
     failures = [
         {
             "case": item.label,
@@ -104,7 +103,9 @@ def _break_batch(overrides: list[str]) -> list[str] | None:
 
 
 @pytest.mark.parametrize("release", sorted(RELEASE.values()))
-def test_a_broken_plan_is_caught(accepted_plans: Plans, verl_envs: dict[str, VerlEnv], release: str) -> None:
+def test_a_broken_plan_is_caught(
+    accepted_plans: Plans, verl_runners: dict[str, VerlRunner], release: str
+) -> None:
     """The same path rejects accepted plans whose batch was made indivisible: the test above can fail."""
     broken = [
         (item, spec, changed)
@@ -115,6 +116,6 @@ def test_a_broken_plan_is_caught(accepted_plans: Plans, verl_envs: dict[str, Ver
     requests = [
         CheckRequest(item.label, tuple(changed), (), model_shape(spec)) for item, spec, changed in broken
     ]
-    results = check_batch(verl_envs[release], requests)
+    results = verl_runners[release].check(requests)
     assert [(r.ok, r.stage) for r in results] == [(False, "validate_config")] * len(results), results
     assert all("real_train_batch_size" in (r.error or "") for r in results), results

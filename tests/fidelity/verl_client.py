@@ -1,7 +1,8 @@
 """Send batches of launch configurations to ``verl_runner.py`` inside a verl environment.
 
-One subprocess per batch (argv list, no shell): verl and its config tree are imported once and every
-request of the batch is checked in that process, so a sample of hundreds of plans costs seconds.
+``check_batch`` starts one subprocess per batch; ``VerlRunner`` keeps one ``--serve`` process per release
+for a whole test session. Either way the argv is a list (no shell), verl and its config tree are imported
+once per process (about 4 s) and each request then costs a fraction of a second.
 """
 
 from __future__ import annotations
@@ -9,10 +10,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import queue
 import subprocess
+import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from verl_envs import VerlEnv
 
@@ -114,10 +118,91 @@ def check_batch(env: VerlEnv, requests: Sequence[CheckRequest], timeout_s: float
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"verl runner exited {proc.returncode}; stderr tail:\n{proc.stderr[-4000:]}")
-    data = json.loads(lines[-1])
+    return _results(env, json.loads(lines[-1]), requests)
+
+
+def _results(env: VerlEnv, data: dict[str, Any], requests: Sequence[CheckRequest]) -> list[CheckResult]:
     if not data["verlVersion"].startswith(env.version):
         raise RuntimeError(f"environment {env.root} holds verl {data['verlVersion']}, not {env.version}")
     results = [CheckResult(**item) for item in data["results"]]
     if [result.id for result in results] != [request.id for request in requests]:
         raise RuntimeError("the runner answered out of order")
     return results
+
+
+class VerlRunner:
+    """One long-lived ``verl_runner.py --serve`` process in a verl environment.
+
+    Args:
+        env: The environment to run in.
+
+    Use as a context manager, or call ``close``: the process ends when its stdin closes.
+    """
+
+    def __init__(self, env: VerlEnv) -> None:
+        self.env = env
+        # A file, not a pipe: a full stderr pipe would block the runner. Closed in close().
+        self._stderr: IO[str] = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self._proc = subprocess.Popen(
+            [str(env.python), str(RUNNER), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=_runner_env(),
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)  # end of output
+
+    def _stderr_tail(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read()[-4000:]
+
+    def check(self, requests: Sequence[CheckRequest], timeout_s: float = 600) -> list[CheckResult]:
+        """Check every request in order; same results as ``check_batch``.
+
+        Raises:
+            RuntimeError: The process died, answered garbage, or took longer than ``timeout_s``.
+        """
+        assert self._proc.stdin is not None
+        payload = json.dumps({"requests": [request.to_json(self.env.version) for request in requests]})
+        try:
+            self._proc.stdin.write(payload + "\n")
+            self._proc.stdin.flush()
+        except BrokenPipeError as exc:
+            raise RuntimeError(f"verl runner is gone; stderr tail:\n{self._stderr_tail()}") from exc
+        while True:
+            try:
+                line = self._lines.get(timeout=timeout_s)
+            except queue.Empty as exc:
+                self.close()
+                raise RuntimeError(f"verl runner gave no answer in {timeout_s}s") from exc
+            if line is None:
+                raise RuntimeError(
+                    f"verl runner exited {self._proc.wait()}; stderr tail:\n{self._stderr_tail()}"
+                )
+            if line.startswith("{"):
+                return _results(self.env, json.loads(line), requests)
+
+    def close(self) -> None:
+        """End the process (closing its stdin ends its loop) and wait for it."""
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._stderr.close()
+
+    def __enter__(self) -> VerlRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,7 +1,8 @@
 """Check verl launch configurations with verl's own code; runs INSIDE a verl virtualenv.
 
 Protocol: one JSON object on stdin, ``{"requests": [REQUEST, ...]}``, one JSON object on stdout,
-``{"verlVersion": "0.9.1", "results": [RESULT, ...]}`` in the same order. Everything verl prints goes to
+``{"verlVersion": "0.9.1", "results": [RESULT, ...]}`` in the same order; with ``--serve``, one such
+batch per input line and one answer per output line, until stdin closes. Everything verl prints goes to
 stderr. A request is::
 
     {"id": "any label",
@@ -436,21 +437,30 @@ def _result(request: dict[str, Any], stage: str, error: BaseException) -> dict[s
     }
 
 
-def main() -> int:
-    """Read the requests from stdin, check each, write the results to stdout."""
-    payload = json.load(sys.stdin)
+def main(argv: list[str]) -> int:
+    """Check batches of requests: one JSON document on stdin, or (``--serve``) one batch per line.
+
+    In ``--serve`` mode each input line is a ``{"requests": [...]}`` batch and each answer is one line on
+    stdout, so a test session keeps one process (one import of verl) per release for all its batches.
+    """
+    serve = "--serve" in argv
     out = sys.stdout
     workdir = Path(tempfile.mkdtemp(prefix="verl-fidelity-"))
     try:
         with contextlib.redirect_stdout(sys.stderr):  # verl prints progress; stdout carries only JSON
             checker = Checker(ModelFolders(workdir / "models"))
-            results = [checker.check(request) for request in payload["requests"]]
+            lines = iter(sys.stdin.readline, "")  # readline: answer each batch as soon as its line arrives
+            batches = (
+                (json.loads(line) for line in lines if line.strip()) if serve else [json.load(sys.stdin)]
+            )
+            for payload in batches:
+                results = [checker.check(request) for request in payload["requests"]]
+                out.write(json.dumps({"verlVersion": checker.version, "results": results}) + "\n")
+                out.flush()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    json.dump({"verlVersion": checker.version, "results": results}, out)
-    out.write("\n")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))
