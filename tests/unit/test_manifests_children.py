@@ -219,3 +219,31 @@ def test_children_invariants(nnodes: int, gpus_per_node: int, attempt: int) -> N
     total = sum(int(p["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]) for p in pods)
     assert total == nnodes * gpus_per_node
     assert all(len(p["metadata"]["name"]) <= 63 for p in pods)
+
+
+@pytest.mark.parametrize(
+    "user_tolerations",
+    [
+        pytest.param([], id="no-user-tolerations"),
+        pytest.param(
+            [{"key": "team", "operator": "Equal", "value": "rl", "effect": "NoSchedule"}], id="user-tol"
+        ),
+    ],
+)
+def test_pods_tolerate_every_taint_the_planner_treats_as_tolerated(
+    user_tolerations: list[dict[str, str]],
+) -> None:
+    """The planner keeps nodes tainted with the GPU keys eligible; the pods must then really tolerate them."""
+    from verl_operator.planner.cluster import TOLERATED_TAINT_KEYS
+
+    spec = make_spec(resources={"tolerations": user_tolerations})
+    pods = [build_head_pod(JOB, spec, PLAN, attempt=0)]
+    pods += [build_worker_pod(JOB, spec, PLAN, index=i, attempt=0) for i in range(1, len(PLAN.nodes))]
+    for pod in pods:
+        tolerations = pod["spec"]["tolerations"]
+        for key in TOLERATED_TAINT_KEYS:
+            taint = {"key": key, "value": "present", "effect": "NoSchedule"}
+            assert any(t.get("operator") == "Exists" and t.get("key") == taint["key"] for t in tolerations), (
+                f"{pod['metadata']['name']} does not tolerate {taint}"
+            )
+        assert all(t in tolerations for t in user_tolerations)

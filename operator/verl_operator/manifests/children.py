@@ -31,6 +31,7 @@ from verl_operator.manifests.names import (
     MANAGED_BY,
     ChildNames,
 )
+from verl_operator.planner.cluster import TOLERATED_TAINT_KEYS
 
 #: CPUs verl's Ray placement group asks per GPU (``{GPU: 1, CPU: 3}`` bundles, verl-constraints rule 25),
 #: plus spare CPUs per pod for the Ray daemons and the launcher.
@@ -168,8 +169,12 @@ def _build_pod(
     }
     if spec.verl.image_pull_policy is not None:
         pod_spec["containers"][0]["imagePullPolicy"] = spec.verl.image_pull_policy
-    if spec.resources.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in spec.resources.tolerations]
+    # The planner counts nodes tainted with the GPU keys as eligible (GPU pools are commonly tainted
+    # nvidia.com/gpu:NoSchedule), so every Ray pod tolerates them; the user's tolerations come after.
+    pod_spec["tolerations"] = [
+        *({"key": key, "operator": "Exists"} for key in sorted(TOLERATED_TAINT_KEYS)),
+        *(dict(t) for t in spec.resources.tolerations),
+    ]
     if sched.priority_class_name:
         pod_spec["priorityClassName"] = sched.priority_class_name
     if sched.queue_name is not None:
