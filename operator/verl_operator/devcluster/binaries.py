@@ -14,7 +14,7 @@ Layout under the cache (``$VERL_OPERATOR_CACHE``, default ``~/.cache/verl-operat
 
     bin/v1.34.4/{kube-apiserver,kube-controller-manager,kube-scheduler,kubectl,etcd}
     bin/kwok-v0.7.0/kwok
-    bin/helm-v3.19.5/helm
+    bin/helm-v3.19.5-k8s1.34/helm
     gotools/<group>-<version>/   the generated Go modules the binaries are built from
 """
 

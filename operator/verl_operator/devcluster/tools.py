@@ -96,9 +96,22 @@ KWOK = ToolGroup(
 HELM = ToolGroup(
     name="helm",
     version=HELM_VERSION,
-    bin_subdir=f"helm-{HELM_VERSION}",
+    # The directory names the Kubernetes minor too: it is compiled in below.
+    bin_subdir=f"helm-{HELM_VERSION}-k8s{KUBERNETES_VERSION.removeprefix('v').rsplit('.', 1)[0]}",
     tools=(Tool("helm", HELM_VERSION, ("version", "--short"), "helm.sh/helm/v3/cmd/helm"),),
-    ldflags=(f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",),
+    # Helm's release builds compile in the Kubernetes version that `helm template` and `helm lint` assume
+    # without a cluster; a plain `go build` leaves v1.20, which charts needing a newer Kubernetes refuse.
+    ldflags=(
+        f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
+        *(
+            f"-X helm.sh/helm/v3/pkg/{pkg}.k8sVersion{part}={value}"
+            for pkg in ("chartutil", "lint/rules")
+            for part, value in (
+                ("Major", KUBERNETES_VERSION.removeprefix("v").split(".")[0]),
+                ("Minor", KUBERNETES_VERSION.split(".")[1]),
+            )
+        ),
+    ),
 )
 
 GROUPS: dict[str, ToolGroup] = {g.name: g for g in (KUBERNETES, KWOK, HELM)}
