@@ -125,16 +125,27 @@ def _site_packages(root: Path) -> Path:
     return found[0]
 
 
-def _build(root: Path, fingerprint: str, install: list[list[str]], base_python: str) -> None:
-    """Create ``root`` from scratch, run the pip commands, then write the marker."""
+def _build(
+    root: Path,
+    fingerprint: str,
+    install: list[list[str]],
+    base_python: str,
+    extra_paths: tuple[Path, ...] = (),
+) -> None:
+    """Create ``root`` from scratch, add ``extra_paths`` to its sys.path, run the pip commands, write the marker."""
+    started = time.monotonic()
     if root.exists():
         _log(f"removing the incomplete or outdated {root}")
         shutil.rmtree(root)
     _run([base_python, "-m", "venv", str(root)])
+    if extra_paths:
+        # On sys.path before pip runs: pip then sees what they hold (torch) as installed.
+        (_site_packages(root) / "verl_fidelity_layers.pth").write_text("".join(f"{p}\n" for p in extra_paths))
     pip = [str(root / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
     for args in install:
         _run(pip + args)
     (root / MARKER).write_text(fingerprint + "\n")
+    _log(f"{root} ready in {time.monotonic() - started:.0f}s")
 
 
 def _base_python() -> str:
@@ -177,19 +188,10 @@ def ensure_env(version: str) -> VerlEnv:
         pins = VERL_PINS[version]
         fingerprint = _fingerprint((f"verl=={version}", f"torch-layer={torch_site}", *pins))
         if not _is_ready(root, fingerprint):
-            started = time.monotonic()
             _log(f"building {root}")
-            if root.exists():
-                shutil.rmtree(root)
-            _run([_base_python(), "-m", "venv", str(root)])
-            # The torch layer goes on sys.path before pip runs, so pip sees torch as installed and
-            # tensordict's requirement on torch does not download a second copy.
-            (_site_packages(root) / "verl_fidelity_torch.pth").write_text(f"{torch_site}\n")
-            pip = [str(root / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
-            _run([*pip, *pins])
-            _run([*pip, "--no-deps", f"verl=={version}"])
-            (root / MARKER).write_text(fingerprint + "\n")
-            _log(f"{root} ready in {time.monotonic() - started:.0f}s")
+            # tensordict's requirement on torch is met by the shared layer, so no second torch is fetched.
+            install = [list(pins), ["--no-deps", f"verl=={version}"]]
+            _build(root, fingerprint, install, _base_python(), extra_paths=(torch_site,))
     return VerlEnv(version=version, root=root)
 
 
