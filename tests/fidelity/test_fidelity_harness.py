@@ -82,6 +82,22 @@ CASES: list[Any] = [
     ),
     pytest.param(
         "0.9.1",
+        CheckRequest("group", (*overrides(), "model_engine=dp")),
+        True,
+        "all",
+        None,
+        id="0.9.1-valid-config-group-override",
+    ),
+    pytest.param(
+        "0.9.1",
+        CheckRequest("group-bad", (*overrides(), "model_engine=no_such_engine")),
+        False,
+        "compose",
+        "no_such_engine",
+        id="0.9.1-unknown-config-group-option",
+    ),
+    pytest.param(
+        "0.9.1",
         CheckRequest("sync", overrides(actor_rollout_ref__rollout__mode="sync")),
         False,
         "dataclass:rollout",
