@@ -40,6 +40,17 @@ test-fidelity: venv
 # Every tier: pure logic, real local Ray, the real local control plane, verl's own config code.
 test: lint test-unit test-ray test-cluster test-fidelity
 
+# The CRD is generated from the pydantic models; the chart ships a copy (a unit test checks both).
+crds: venv
+	$(BIN)/verl-operator crd > crds/verl-operator.io_verljobs.yaml
+	cp crds/verl-operator.io_verljobs.yaml charts/verl-operator/crds/verl-operator.io_verljobs.yaml
+
+# Speed is measured here, not in tests; the numbers are recorded in docs/benchmarks.md.
+bench: venv
+	$(BIN)/python bench/bench_planner.py
+	$(BIN)/python bench/bench_placement.py
+	$(BIN)/python bench/bench_launcher.py
+
 clean:
 	-$(BIN)/verl-operator devcluster down
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

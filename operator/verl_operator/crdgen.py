@@ -18,7 +18,7 @@ from verl_operator.manifests.names import MAX_JOB_NAME
 
 CRD_PATH = "crds/verl-operator.io_verljobs.yaml"
 CHART_CRD_PATH = "charts/verl-operator/crds/verl-operator.io_verljobs.yaml"
-REGENERATE = "verl-operator crd > crds/verl-operator.io_verljobs.yaml"
+REGENERATE = "make crds"
 HEADER = (
     "# Generated from verl_operator.api.spec by `verl-operator crd`: do not edit.\n"
     f"# Regenerate with: {REGENERATE}\n"
