@@ -28,6 +28,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from cluster.polling import wait_for as _wait_for
 from verl_operator.devcluster import DevCluster, binaries
 from verl_operator.devcluster import labels as L
 
@@ -50,14 +51,8 @@ OPERATOR_CMD = [sys.executable, "-m", "verl_operator"]
 
 
 def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+    """Chart tests wait longer: an operator start with a ServiceAccount token is slower."""
+    return _wait_for(probe, what, timeout=timeout, interval=0.3)
 
 
 def free_port() -> int:

@@ -9,34 +9,21 @@ import json
 import os
 import ssl
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from cluster.polling import wait_for
 from verl_operator.commands import devcluster as devcluster_command
 from verl_operator.devcluster import DevCluster, certs
 from verl_operator.devcluster import labels as L
 from verl_operator.devcluster.ports import listening
 from verl_operator.devcluster.process import alive
-
-T = TypeVar("T")
-
-
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def gpu_pod(

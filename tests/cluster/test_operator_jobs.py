@@ -14,15 +14,16 @@ import os
 import ssl
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from cluster.polling import wait_for
 from verl_operator.controller.localrun import LocalOperator, install_crd
 from verl_operator.devcluster import DevCluster
 from verl_operator.devcluster.labels import GPU_CLIQUE, PROFILE, RACK, SIMULATE, SIMULATE_EXIT_CODE
@@ -33,7 +34,6 @@ EXAMPLES = ROOT / "examples" / "jobs"
 GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
 IMAGE = "ghcr.io/example/verl:0.9.1"
 DGX = {PROFILE: "dgx-h100"}
-T = TypeVar("T")
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -64,18 +64,6 @@ TWO_CLIQUES = {
         for suffix, count, clique in (("a", 3, 7), ("b", 4, 8))
     ],
 }
-
-
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture(scope="module")

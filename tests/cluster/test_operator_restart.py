@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from cluster.polling import wait_for
 from verl_operator.controller.localrun import LocalOperator, install_crd
 from verl_operator.controller.reconcile import CREATE_DELAY_ENV
 from verl_operator.devcluster import DevCluster
@@ -24,21 +25,8 @@ from verl_operator.devcluster.labels import PROFILE
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
-T = TypeVar("T")
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture(scope="module")
