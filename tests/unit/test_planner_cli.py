@@ -176,3 +176,31 @@ def test_result_round_trips_through_json(tmp_path: Path, capsys: pytest.CaptureF
     run_plan(["-f", job(tmp_path, resources={"gpus": 8}), "--nodes", node_list(tmp_path), "-o", "json"])
     data = json.loads(capsys.readouterr().out)
     assert PlanResult.model_validate(data).to_json_dict() == data
+
+
+PROFILES = Path(__file__).resolve().parents[2] / "examples" / "clusters"
+
+
+@pytest.mark.parametrize(
+    ("profile", "gpus", "product"),
+    [
+        pytest.param("dgx-h100", 16, "NVIDIA-H100-80GB-HBM3", id="dgx-16"),
+        pytest.param("l40s", 8, "NVIDIA-L40S", id="l40s-8"),
+    ],
+)
+def test_a_devcluster_profile_serves_as_the_nodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], profile: str, gpus: int, product: str
+) -> None:
+    """`plan --nodes examples/clusters/NAME.yaml` plans against the profile's simulated nodes."""
+    argv = ["-f", job(tmp_path, resources={"gpus": gpus}), "--nodes", str(PROFILES / f"{profile}.yaml")]
+    assert run_plan([*argv, "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan"]["worldSize"] == gpus
+    assert out["plan"]["nodePool"]["gpuProduct"] == product
+
+
+def test_an_invalid_profile_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump({"name": "broken", "nodeGroups": [{"count": "two"}]}))
+    assert run_plan(["-f", job(tmp_path, resources={"gpus": 8}), "--nodes", str(path)]) == 2
+    assert "nodeGroups.0" in capsys.readouterr().err  # names the bad field of the profile

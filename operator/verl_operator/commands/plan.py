@@ -41,7 +41,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("-f", "--filename", required=True, help="The VerlJob YAML file.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
-        "--nodes", help="Nodes YAML: a v1 List (kubectl get nodes -o yaml) or multi-document Nodes."
+        "--nodes", help="Nodes YAML: a v1 List (kubectl get nodes -o yaml), multi-document Nodes, or a devcluster profile."
     )
     source.add_argument("--kubeconfig", help="Read the nodes of a live cluster with this kubeconfig.")
     parser.add_argument(
@@ -75,7 +75,8 @@ def load_job(path: str) -> VerlJob:
 
 
 def load_nodes(path: str) -> list[dict[str, Any]]:
-    """Read Node objects from a v1 List, a NodeList, a single Node or multi-document YAML.
+    """Read Node objects from a v1 List, a NodeList, a single Node, multi-document YAML, or a devcluster
+    profile (``examples/clusters/*.yaml``: its simulated nodes, taken as Ready).
 
     Raises:
         InputError: unreadable file, bad YAML, or documents that are not Nodes.
@@ -100,8 +101,27 @@ def load_nodes(path: str) -> list[dict[str, Any]]:
                 nodes.append(item)
         elif kind == "Node":
             nodes.append(doc)
+        elif kind is None and "nodeGroups" in doc:
+            nodes.extend(_profile_nodes(doc, path))
         else:
-            raise InputError(f"{path}: expected Node, NodeList or List, got kind {kind!r}")
+            raise InputError(
+                f"{path}: expected Node, NodeList, List or a devcluster profile, got kind {kind!r}"
+            )
+    return nodes
+
+
+def _profile_nodes(doc: dict[str, Any], path: str) -> list[dict[str, Any]]:
+    from verl_operator.devcluster.profiles import ProfileError, node_manifests, parse_profile
+
+    try:
+        manifests = node_manifests(parse_profile(doc, path))
+    except ProfileError as exc:
+        raise InputError(str(exc)) from exc
+    nodes = []
+    for node in manifests:
+        status = dict(node.get("status") or {})
+        status.setdefault("conditions", [{"type": "Ready", "status": "True"}])
+        nodes.append({**node, "status": status})
     return nodes
 
 

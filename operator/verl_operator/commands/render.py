@@ -19,30 +19,11 @@ def add_parser(subparsers: Any) -> None:
         description="Plan and place a VerlJob against NODES (GPUs in use: none) and print its children as YAML.",
     )
     p.add_argument("-f", "--filename", required=True, help="VerlJob YAML")
-    p.add_argument("--nodes", required=True, help="Nodes YAML (a v1 List or multi-document Nodes)")
+    p.add_argument(
+        "--nodes", required=True, help="Nodes YAML (a v1 List, multi-document Nodes, or a devcluster profile)"
+    )
     p.add_argument("--attempt", type=int, default=0, help="Ray cluster incarnation to render (default 0)")
     p.set_defaults(func=run)
-
-
-def load_nodes(path: Path) -> list[dict[str, Any]]:
-    """Nodes from a v1 List (``kubectl get nodes -o yaml``), multi-document YAML of Nodes, or a devcluster
-    profile (``examples/clusters/*.yaml``, whose nodes are taken as Ready)."""
-    nodes: list[dict[str, Any]] = []
-    for doc in yaml.safe_load_all(path.read_text()):
-        if not doc:
-            continue
-        if "nodeGroups" in doc:
-            from verl_operator.devcluster.profiles import node_manifests, parse_profile
-
-            for node in node_manifests(parse_profile(doc, str(path))):
-                status = dict(node.get("status") or {})
-                status.setdefault("conditions", [{"type": "Ready", "status": "True"}])
-                nodes.append({**node, "status": status})
-        elif doc.get("kind", "").endswith("List") or "items" in doc:
-            nodes.extend(item for item in doc.get("items") or [] if item.get("kind", "Node") == "Node")
-        elif doc.get("kind") == "Node":
-            nodes.append(doc)
-    return nodes
 
 
 def render(
@@ -106,10 +87,12 @@ class RenderError(Exception):
 
 def run(args: argparse.Namespace) -> int:
     """Print the children as multi-document YAML; exit 1 when the job cannot be placed, 2 on bad input."""
+    from verl_operator.commands.plan import InputError, load_nodes
+
     try:
         job = yaml.safe_load(Path(args.filename).read_text())
-        nodes = load_nodes(Path(args.nodes))
-    except (OSError, yaml.YAMLError) as exc:
+        nodes = load_nodes(args.nodes)
+    except (OSError, yaml.YAMLError, InputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not isinstance(job, dict):
