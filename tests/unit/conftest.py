@@ -1,9 +1,12 @@
-"""Shared factories for the unit tests: Kubernetes Node dicts and VerlJob specs."""
+"""Shared factories and fixtures for the unit tests: Kubernetes Node dicts, VerlJob specs, the helm binary."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Any
+
+import pytest
 
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner.catalog import CatalogEntry, lookup
@@ -131,3 +134,14 @@ def make_settings(**kw: Any) -> Settings:
         optimizer_offload=False,
     )
     return replace(base, **kw)
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    """``$HELM`` when set, else the project's pinned helm (built once from its Go module into the cache)."""
+    override = os.environ.get("HELM")
+    if override:
+        return override
+    from verl_operator.devcluster import binaries
+
+    return str(binaries.ensure(("helm",))["helm"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import ipaddress
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,26 +23,6 @@ FULLNAME = "vo-verl-operator"
 
 #: Verbs a rule of the chart may grant: never a wildcard, never escalate/bind/impersonate.
 ALLOWED_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
-
-
-def helm_binary() -> str:
-    """``$HELM`` when set, else the pinned helm of the devcluster cache (built once from its Go module)."""
-    override = os.environ.get("HELM")
-    if override:
-        return override
-    try:
-        from verl_operator.devcluster import binaries
-    except ImportError:  # pragma: no cover - the devcluster package ships with the project
-        found = shutil.which("helm")
-        if found is None:
-            pytest.fail("no helm binary: set HELM, or install the project with its devcluster package")
-        return found
-    return str(binaries.ensure(("helm",))["helm"])
-
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    return helm_binary()
 
 
 def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:

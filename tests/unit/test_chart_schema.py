@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,29 +11,8 @@ import pytest
 import yaml
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "verl-operator"
-#: The cluster version ``helm template`` assumes: a helm built with plain ``go build`` defaults to v1.20,
-#: older than the chart's kubeVersion constraint.
+#: The cluster version the renders below name explicitly, so they do not depend on the helm build.
 KUBE_VERSION = "v1.34.0"
-
-
-def helm_binary() -> str:
-    """``$HELM`` when set, else the pinned helm of the devcluster cache (built once from its Go module)."""
-    override = os.environ.get("HELM")
-    if override:
-        return override
-    try:
-        from verl_operator.devcluster import binaries
-    except ImportError:  # pragma: no cover - the devcluster package ships with the project
-        found = shutil.which("helm")
-        if found is None:
-            pytest.fail("no helm binary: set HELM, or install the project with its devcluster package")
-        return found
-    return str(binaries.ensure(("helm",))["helm"])
-
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    return helm_binary()
 
 
 def template(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
