@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from verl_operator.planner.inputs import Settings
 from verl_operator.planner.overrides import Override, Value
 
 ARR = "actor_rollout_ref"
@@ -126,35 +127,19 @@ def format_value(value: Value) -> str:
 
 @dataclass(frozen=True)
 class Emitted:
-    """The planned values that become overrides."""
+    """The planned values that become overrides: the chosen settings plus the job's fixed facts."""
 
+    settings: Settings
     version: str
     model_path: str
     adv_estimator: str
     train_files: Value | None
     val_files: Value | None
-    train_batch_size: int
     max_prompt_length: int
     max_response_length: int
-    nnodes: int
-    gpus_per_node: int
-    rollout_n: int
-    rollout_tp: int
-    gpu_memory_utilization: float
     max_model_len: int
     max_num_batched_tokens: int
-    sequence_parallel_size: int
-    fsdp_size: int
-    ppo_mini_batch_size: int
-    ppo_micro_batch_size_per_gpu: int | None
-    log_prob_micro_batch_size_per_gpu: int | None
-    dynamic_batch_size: bool
-    max_token_len_per_gpu: int | None
-    log_prob_max_token_len_per_gpu: int | None
-    param_offload: bool
-    optimizer_offload: bool
     critic: bool
-    critic_ppo_micro_batch_size_per_gpu: int | None
 
 
 def emit(planned: Emitted, passthrough: Sequence[Override]) -> list[str]:
@@ -165,6 +150,7 @@ def emit(planned: Emitted, passthrough: Sequence[Override]) -> list[str]:
         passthrough: User overrides the planner does not own, kept verbatim and in order.
     """
     v = planned.version
+    st = planned.settings
     out: list[tuple[str, Any]] = [
         ("algorithm.adv_estimator", planned.adv_estimator),
         (f"{ARR}.model.path", planned.model_path),
@@ -174,46 +160,46 @@ def emit(planned: Emitted, passthrough: Sequence[Override]) -> list[str]:
     if planned.val_files is not None:
         out.append(("data.val_files", planned.val_files))
     out += [
-        ("data.train_batch_size", planned.train_batch_size),
+        ("data.train_batch_size", st.train_batch_size),
         ("data.max_prompt_length", planned.max_prompt_length),
         ("data.max_response_length", planned.max_response_length),
-        ("trainer.nnodes", planned.nnodes),
-        ("trainer.n_gpus_per_node", planned.gpus_per_node),
+        ("trainer.nnodes", st.nnodes),
+        ("trainer.n_gpus_per_node", st.gpus_per_node),
         (f"{ARR}.rollout.name", "vllm"),
         (f"{ARR}.rollout.mode", rollout_mode_value(v)),
-        (f"{ARR}.rollout.n", planned.rollout_n),
-        (f"{ARR}.rollout.tensor_model_parallel_size", planned.rollout_tp),
-        (f"{ARR}.rollout.gpu_memory_utilization", planned.gpu_memory_utilization),
+        (f"{ARR}.rollout.n", st.rollout_n),
+        (f"{ARR}.rollout.tensor_model_parallel_size", st.rollout_tp),
+        (f"{ARR}.rollout.gpu_memory_utilization", st.gpu_memory_utilization),
     ]
     out.append((f"{ARR}.rollout.max_model_len", planned.max_model_len))
     out.append((f"{ARR}.rollout.max_num_batched_tokens", planned.max_num_batched_tokens))
-    out += [(k, planned.sequence_parallel_size) for k in sp_keys(v)]
-    if planned.sequence_parallel_size > 1:
+    out += [(k, st.sequence_parallel_size) for k in sp_keys(v)]
+    if st.sequence_parallel_size > 1:
         out.append((f"{ARR}.model.use_remove_padding", True))
     out += [
-        (f"{ARR}.actor.fsdp_config.fsdp_size", planned.fsdp_size),
-        (f"{ARR}.actor.fsdp_config.param_offload", planned.param_offload),
-        (f"{ARR}.actor.fsdp_config.optimizer_offload", planned.optimizer_offload),
-        (f"{ARR}.actor.ppo_mini_batch_size", planned.ppo_mini_batch_size),
-        (f"{ARR}.actor.use_dynamic_bsz", planned.dynamic_batch_size),
-        (f"{ARR}.rollout.log_prob_use_dynamic_bsz", planned.dynamic_batch_size),
-        (f"{ARR}.ref.log_prob_use_dynamic_bsz", planned.dynamic_batch_size),
+        (f"{ARR}.actor.fsdp_config.fsdp_size", st.fsdp_size),
+        (f"{ARR}.actor.fsdp_config.param_offload", st.param_offload),
+        (f"{ARR}.actor.fsdp_config.optimizer_offload", st.optimizer_offload),
+        (f"{ARR}.actor.ppo_mini_batch_size", st.ppo_mini_batch_size),
+        (f"{ARR}.actor.use_dynamic_bsz", st.dynamic_batch_size),
+        (f"{ARR}.rollout.log_prob_use_dynamic_bsz", st.dynamic_batch_size),
+        (f"{ARR}.ref.log_prob_use_dynamic_bsz", st.dynamic_batch_size),
     ]
-    if planned.dynamic_batch_size:
+    if st.dynamic_batch_size:
         out += [
-            (f"{ARR}.actor.ppo_max_token_len_per_gpu", planned.max_token_len_per_gpu),
-            (f"{ARR}.rollout.log_prob_max_token_len_per_gpu", planned.log_prob_max_token_len_per_gpu),
-            (f"{ARR}.ref.log_prob_max_token_len_per_gpu", planned.log_prob_max_token_len_per_gpu),
+            (f"{ARR}.actor.ppo_max_token_len_per_gpu", st.max_token_len_per_gpu),
+            (f"{ARR}.rollout.log_prob_max_token_len_per_gpu", st.log_prob_max_token_len_per_gpu),
+            (f"{ARR}.ref.log_prob_max_token_len_per_gpu", st.log_prob_max_token_len_per_gpu),
         ]
     else:
         out += [
-            (f"{ARR}.actor.ppo_micro_batch_size_per_gpu", planned.ppo_micro_batch_size_per_gpu),
-            (f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu", planned.log_prob_micro_batch_size_per_gpu),
-            (f"{ARR}.ref.log_prob_micro_batch_size_per_gpu", planned.log_prob_micro_batch_size_per_gpu),
+            (f"{ARR}.actor.ppo_micro_batch_size_per_gpu", st.ppo_micro_batch_size_per_gpu),
+            (f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu", st.log_prob_micro_batch_size_per_gpu),
+            (f"{ARR}.ref.log_prob_micro_batch_size_per_gpu", st.log_prob_micro_batch_size_per_gpu),
         ]
         if planned.critic:
-            out.append(("critic.ppo_micro_batch_size_per_gpu", planned.critic_ppo_micro_batch_size_per_gpu))
+            out.append(("critic.ppo_micro_batch_size_per_gpu", st.critic_ppo_micro_batch_size_per_gpu))
     if planned.critic:
-        out.append(("critic.use_dynamic_bsz", planned.dynamic_batch_size))
+        out.append(("critic.use_dynamic_bsz", st.dynamic_batch_size))
     rendered = [f"{k}={format_value(val)}" for k, val in out]
     return rendered + [ov.raw.strip() for ov in passthrough]
