@@ -20,7 +20,8 @@ demo: venv
 	$(BIN)/verl-operator demo
 
 lint: venv
-	$(BIN)/ruff check operator launcher tests bench
+	$(BIN)/ruff check operator launcher tests bench charts
+	$(BIN)/ruff format --check operator launcher tests bench charts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

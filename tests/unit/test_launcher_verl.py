@@ -138,5 +138,7 @@ def test_argv_keeps_overrides_in_order(overrides: list[str], attempt: int, resum
     keys = [override_key(a) for a in argv[len(ENTRY) :]]
     # The generated keys never name trainer.* (segments are at most 6 letters), so the launcher adds both.
     assert keys.count("trainer.resume_mode") == 1
-    assert argv[-1] == ("trainer.resume_mode=auto" if attempt > 0 or resume else "trainer.resume_mode=disable")
+    assert argv[-1] == (
+        "trainer.resume_mode=auto" if attempt > 0 or resume else "trainer.resume_mode=disable"
+    )
     assert keys.count("trainer.default_local_dir") == 1

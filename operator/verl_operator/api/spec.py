@@ -60,7 +60,9 @@ class Algorithm(StrEnum):
 
 
 class VerlSpec(_Model):
-    image: str = Field(min_length=1, description="Container image with verl, vLLM and this project's launcher.")
+    image: str = Field(
+        min_length=1, description="Container image with verl, vLLM and this project's launcher."
+    )
     version: VerlVersion = Field(
         default="0.9",
         description=(
@@ -81,14 +83,20 @@ class ModelShape(_Model):
     hidden_size: int = Field(ge=1, description="hidden_size.")
     attention_heads: int = Field(ge=1, description="num_attention_heads.")
     kv_heads: int = Field(ge=1, description="num_key_value_heads (equal to attentionHeads without GQA).")
-    head_dim: int | None = Field(default=None, ge=1, description="head_dim (default hiddenSize / attentionHeads).")
+    head_dim: int | None = Field(
+        default=None, ge=1, description="head_dim (default hiddenSize / attentionHeads)."
+    )
     intermediate_size: int = Field(ge=1, description="intermediate_size of the dense MLP.")
     vocab_size: int = Field(ge=1, description="vocab_size.")
     max_position_embeddings: int = Field(ge=1, description="max_position_embeddings: the longest sequence.")
     tie_word_embeddings: bool = Field(default=False, description="tie_word_embeddings.")
     num_experts: int | None = Field(default=None, ge=1, description="MoE: routed experts per layer.")
-    num_experts_per_tok: int | None = Field(default=None, ge=1, description="MoE: experts each token uses (top-k).")
-    moe_intermediate_size: int | None = Field(default=None, ge=1, description="MoE: intermediate size of an expert.")
+    num_experts_per_tok: int | None = Field(
+        default=None, ge=1, description="MoE: experts each token uses (top-k)."
+    )
+    moe_intermediate_size: int | None = Field(
+        default=None, ge=1, description="MoE: intermediate size of an expert."
+    )
     shared_experts: int | None = Field(default=None, ge=0, description="MoE: shared experts per layer.")
     first_k_dense_replace: int | None = Field(default=None, ge=0, description="MoE: leading dense layers.")
     kv_lora_rank: int | None = Field(default=None, ge=1, description="MLA: kv_lora_rank (DeepSeek-V3 style).")
@@ -117,9 +125,13 @@ class DataSpec(_Model):
     train_files: list[str] = Field(
         default_factory=list, description="Training parquet files (data.train_files)."
     )
-    val_files: list[str] = Field(default_factory=list, description="Validation parquet files (data.val_files).")
+    val_files: list[str] = Field(
+        default_factory=list, description="Validation parquet files (data.val_files)."
+    )
     train_batch_size: int | None = Field(
-        default=None, ge=1, description="Prompts per step (data.train_batch_size); the planner decides if omitted."
+        default=None,
+        ge=1,
+        description="Prompts per step (data.train_batch_size); the planner decides if omitted.",
     )
     max_prompt_length: int = Field(default=512, ge=1, description="data.max_prompt_length in tokens.")
     max_response_length: int = Field(default=512, ge=1, description="data.max_response_length in tokens.")
@@ -128,7 +140,9 @@ class DataSpec(_Model):
 class ResourcesSpec(_Model):
     gpus: int = Field(ge=1, description="Total GPUs for the job (trainer.nnodes x trainer.n_gpus_per_node).")
     gpus_per_node: int | None = Field(
-        default=None, ge=1, description="GPUs used on each node; the planner decides from the nodes if omitted."
+        default=None,
+        ge=1,
+        description="GPUs used on each node; the planner decides from the nodes if omitted.",
     )
     gpu_product: str | None = Field(
         default=None,
@@ -144,22 +158,35 @@ class ResourcesSpec(_Model):
         default=None,
         description="CPU request of each Ray pod (default: enough for verl's placement group, 3 per GPU + 2).",
     )
-    memory_per_node: str | None = Field(default=None, description="Memory request of each Ray pod (e.g. 512Gi).")
-    shm_size: str | None = Field(default=None, description="Size of the /dev/shm memory volume (default 64Gi).")
+    memory_per_node: str | None = Field(
+        default=None, description="Memory request of each Ray pod (e.g. 512Gi)."
+    )
+    shm_size: str | None = Field(
+        default=None, description="Size of the /dev/shm memory volume (default 64Gi)."
+    )
 
 
 class RolloutSpec(_Model):
-    name: Literal["vllm"] = Field(default="vllm", description="Rollout engine (actor_rollout_ref.rollout.name).")
+    name: Literal["vllm"] = Field(
+        default="vllm", description="Rollout engine (actor_rollout_ref.rollout.name)."
+    )
     mode: Literal["spmd", "server"] | None = Field(
         default=None,
         description="spmd (verl <= 0.6, rollout.mode=sync) or server (verl >= 0.7); defaults to the version's.",
     )
-    n: int | None = Field(default=None, ge=1, description="Responses per prompt (actor_rollout_ref.rollout.n).")
+    n: int | None = Field(
+        default=None, ge=1, description="Responses per prompt (actor_rollout_ref.rollout.n)."
+    )
     tensor_parallel_size: int | None = Field(
-        default=None, ge=1, description="vLLM tensor parallel size per rollout replica; planner decides if omitted."
+        default=None,
+        ge=1,
+        description="vLLM tensor parallel size per rollout replica; planner decides if omitted.",
     )
     gpu_memory_utilization: float | None = Field(
-        default=None, gt=0, le=1, description="Fraction of total GPU memory vLLM may use (weights + KV cache)."
+        default=None,
+        gt=0,
+        le=1,
+        description="Fraction of total GPU memory vLLM may use (weights + KV cache).",
     )
 
 
@@ -174,7 +201,9 @@ class ParallelismSpec(_Model):
 
 class BatchingSpec(_Model):
     ppo_mini_batch_size: int | None = Field(
-        default=None, ge=1, description="Prompts per PPO mini-batch (actor.ppo_mini_batch_size), before x rollout.n."
+        default=None,
+        ge=1,
+        description="Prompts per PPO mini-batch (actor.ppo_mini_batch_size), before x rollout.n.",
     )
     ppo_micro_batch_size_per_gpu: int | None = Field(
         default=None, ge=1, description="Sequences per GPU per forward/backward (gradient accumulation unit)."
@@ -183,16 +212,23 @@ class BatchingSpec(_Model):
         default=None, ge=1, description="Sequences per GPU per log-prob forward (rollout and ref)."
     )
     dynamic_batch_size: bool | None = Field(
-        default=None, description="Pack micro-batches by token count (use_dynamic_bsz) instead of sample count."
+        default=None,
+        description="Pack micro-batches by token count (use_dynamic_bsz) instead of sample count.",
     )
     max_token_len_per_gpu: int | None = Field(
-        default=None, ge=1, description="Token budget per GPU with dynamic batch size (ppo_max_token_len_per_gpu)."
+        default=None,
+        ge=1,
+        description="Token budget per GPU with dynamic batch size (ppo_max_token_len_per_gpu).",
     )
 
 
 class OffloadSpec(_Model):
-    params: bool | None = Field(default=None, description="Offload actor/ref parameters to CPU between phases.")
-    optimizer: bool | None = Field(default=None, description="Offload the optimizer state to CPU between phases.")
+    params: bool | None = Field(
+        default=None, description="Offload actor/ref parameters to CPU between phases."
+    )
+    optimizer: bool | None = Field(
+        default=None, description="Offload the optimizer state to CPU between phases."
+    )
 
 
 class PlacementSpec(_Model):
@@ -222,7 +258,9 @@ class CheckpointSpec(_Model):
     dir: str | None = Field(
         default=None, description="Checkpoint directory on a mounted volume (trainer.default_local_dir)."
     )
-    resume: bool = Field(default=True, description="Resume from the latest checkpoint on restart (resume_mode=auto).")
+    resume: bool = Field(
+        default=True, description="Resume from the latest checkpoint on restart (resume_mode=auto)."
+    )
 
 
 class VerlJobSpec(_Model):
@@ -235,9 +273,15 @@ class VerlJobSpec(_Model):
     parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec, description="Training parallelism.")
     batching: BatchingSpec = Field(default_factory=BatchingSpec, description="Mini/micro batch settings.")
     offload: OffloadSpec = Field(default_factory=OffloadSpec, description="CPU offload of actor/ref state.")
-    placement: PlacementSpec = Field(default_factory=PlacementSpec, description="NVLink and network topology.")
-    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Queueing and gang scheduling.")
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
+    placement: PlacementSpec = Field(
+        default_factory=PlacementSpec, description="NVLink and network topology."
+    )
+    scheduling: SchedulingSpec = Field(
+        default_factory=SchedulingSpec, description="Queueing and gang scheduling."
+    )
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec, description="Checkpointing and resume."
+    )
     overrides: list[str] = Field(
         default_factory=list,
         description=(
@@ -248,11 +292,16 @@ class VerlJobSpec(_Model):
     env: list[dict[str, Any]] = Field(
         default_factory=list, description="Extra environment variables for the Ray pods (core/v1 EnvVar)."
     )
-    volumes: list[dict[str, Any]] = Field(default_factory=list, description="Extra pod volumes (core/v1 Volume).")
-    volume_mounts: list[dict[str, Any]] = Field(
-        default_factory=list, description="Mounts of those volumes in the Ray containers (core/v1 VolumeMount)."
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list, description="Extra pod volumes (core/v1 Volume)."
     )
-    suspend: bool = Field(default=False, description="true deletes the pods and keeps the job; false resumes.")
+    volume_mounts: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Mounts of those volumes in the Ray containers (core/v1 VolumeMount).",
+    )
+    suspend: bool = Field(
+        default=False, description="true deletes the pods and keeps the job; false resumes."
+    )
     backoff_limit: int = Field(default=0, ge=0, description="Whole-cluster restarts allowed after a failure.")
     active_deadline_seconds: int | None = Field(
         default=None, ge=1, description="Fail the job when it has run longer than this."

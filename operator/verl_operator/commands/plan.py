@@ -41,7 +41,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("-f", "--filename", required=True, help="The VerlJob YAML file.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
-        "--nodes", help="Nodes YAML: a v1 List (kubectl get nodes -o yaml), multi-document Nodes, or a devcluster profile."
+        "--nodes",
+        help="Nodes YAML: a v1 List (kubectl get nodes -o yaml), multi-document Nodes, or a devcluster profile.",
     )
     source.add_argument("--kubeconfig", help="Read the nodes of a live cluster with this kubeconfig.")
     parser.add_argument(
