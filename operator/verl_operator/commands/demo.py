@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -124,13 +126,19 @@ def run(args: argparse.Namespace) -> int:
         operator.stop()
         api.close()
     _title("done")
+    # Name the programs by the paths that ran here: neither need be on PATH (the project lives in a venv).
+    cli = shutil.which("verl-operator") or sys.argv[0]
     print(
         "The operator was stopped; the devcluster keeps running with the jobs. Inspect it with\n"
-        f"  export KUBECONFIG={kubeconfig}\n  kubectl get verljobs,pods -o wide\n"
-        f"run the operator again with\n  verl-operator run --kubeconfig {kubeconfig}\n"
-        f"and remove everything with\n  verl-operator devcluster down --name {args.name}"
+        f"  export KUBECONFIG={kubeconfig}\n  {kubectl_bin} get verljobs,pods -o wide\n"
+        f"run the operator again with\n  {cli} run --kubeconfig {kubeconfig}\n"
+        f"and remove everything with\n  {cli} devcluster down --name {args.name}"
     )
     return 0
+
+
+def _count(n: Any, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _plan_line(name: str, plan: dict[str, Any]) -> str:
@@ -141,7 +149,7 @@ def _plan_line(name: str, plan: dict[str, Any]) -> str:
         f"sp{plan.get('sequenceParallelSize')} rollout tp{r.get('tensorParallelSize')} x {r.get('replicas')} "
         f"replicas; batch {b.get('trainBatchSize')} x n {b.get('rolloutN')}, mini-batch "
         f"{b.get('ppoMiniBatchSize')} ({b.get('miniBatchPerGpu')}/GPU), micro {b.get('ppoMicroBatchSizePerGpu')} "
-        f"({b.get('gradientAccumulationSteps')} accumulation steps); peak GiB rollout {m.get('rolloutPeakGiB')} "
+        f"({_count(b.get('gradientAccumulationSteps'), 'accumulation step')}); peak GiB rollout {m.get('rolloutPeakGiB')} "
         f"train {m.get('trainPeakGiB')} of {m.get('gpuMemoryGiB')}"
     )
 
