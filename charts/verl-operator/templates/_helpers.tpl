@@ -111,3 +111,29 @@ to follow them (without the grant it retries for a while, then assumes they exis
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "namespaces") "verbs" (list "get" "list" "watch")) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The topology probe's objects. Its pods carry their own name label, so the operator's Services and Deployment
+(which select name + instance) never pick them up.
+*/}}
+{{- define "verl-operator.probeName" -}}
+{{- printf "%s-topology-probe" (include "verl-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "verl-operator.probeSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-topology-probe" (include "verl-operator.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "verl-operator.probeLabels" -}}
+helm.sh/chart: {{ include "verl-operator.chart" . }}
+{{ include "verl-operator.probeSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: topology-probe
+{{- end }}
+
+{{/* An image reference: repository:tag, or the repository alone when the tag is empty. */}}
+{{- define "verl-operator.imageRef" -}}
+{{- if .tag }}{{ printf "%s:%s" .repository .tag }}{{ else }}{{ .repository }}{{ end }}
+{{- end }}
