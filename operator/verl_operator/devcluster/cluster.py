@@ -8,7 +8,6 @@ picked at its first start and kept in its state file.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import re
 import shutil
@@ -23,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from verl_operator.devcluster import binaries, health, instance_files, nodes, process
 from verl_operator.devcluster.layout import COMPONENTS, Layout, apiserver_url, component_argv
+from verl_operator.devcluster.locking import file_lock
 from verl_operator.devcluster.ports import PORT_NAMES, pick_free_ports, port_is_free
 from verl_operator.devcluster.profiles import DEFAULT_PROFILE, Profile, load_profile
 from verl_operator.devcluster.status import ComponentStatus, DevClusterStatus
@@ -157,14 +157,8 @@ class DevCluster:
     @contextlib.contextmanager
     def _instance_lock(self) -> Iterator[None]:
         """Serialise ``up``/``down`` of this instance across processes (a lock file beside its directory)."""
-        lock = self._lock_path()
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        with lock.open("w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        with file_lock(self._lock_path()):
+            yield
 
     def _start(self, timeout: float) -> None:
         if any(self.running_components().values()):

@@ -8,18 +8,16 @@ only after every binary reported its version.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from verl_operator.devcluster import gomod
+from verl_operator.devcluster.locking import file_lock
 from verl_operator.devcluster.tools import (
     KUBERNETES,
     MARKER,
@@ -31,17 +29,6 @@ from verl_operator.devcluster.tools import (
     write_marker,
 )
 from verl_operator.devcluster.versions import ETCD_VERSION, KUBERNETES_VERSION
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _go() -> str:
@@ -116,7 +103,7 @@ def build_group(group: ToolGroup, root: Path, progress: Progress) -> Path:
     go = _go()
     target = bin_dir(group, root)
     workdir = root / "gotools" / f"{group.name}-{group.version}"
-    with _locked(root / "gotools" / f"{group.name}.lock"):
+    with file_lock(root / "gotools" / f"{group.name}.lock"):
         if (target / MARKER).is_file():
             if all((target / t.name).is_file() for t in group.tools):
                 return target  # another process finished the build while this one waited
