@@ -116,6 +116,9 @@ def structural(schema: dict[str, Any], defs: dict[str, Any], where: str = "spec"
             if required:
                 out["required"] = required
         else:
+            for key in ("minProperties", "maxProperties"):
+                if key in node:
+                    out[key] = node[key]
             extra = node.get("additionalProperties", True)
             if isinstance(extra, dict) and extra:
                 out["additionalProperties"] = structural(extra, defs, f"{where}[*]")
@@ -125,6 +128,9 @@ def structural(schema: dict[str, Any], defs: dict[str, Any], where: str = "spec"
     if kind == "array":
         out["type"] = "array"
         out["items"] = structural(node.get("items", {"type": "object"}), defs, f"{where}[]")
+        for key in ("minItems", "maxItems"):
+            if key in node:
+                out[key] = node[key]
         return out
     if kind not in ("string", "integer", "number", "boolean"):
         raise ValueError(f"{where}: unsupported schema type {kind!r}")

@@ -12,10 +12,12 @@ Conventions:
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+
+from verl_operator.api import limits as L
 
 GROUP = "verl-operator.io"
 VERSION = "v1alpha1"
@@ -28,6 +30,15 @@ PLURAL = "verljobs"
 SUPPORTED_VERL_VERSIONS: tuple[str, ...] = ("0.6", "0.9")
 
 VerlVersion = Literal["0.6", "0.9"]
+
+#: A path or file name (bounded: see ``limits``).
+PathStr = Annotated[str, Field(max_length=L.MAX_PATH)]
+#: A label value.
+LabelValue = Annotated[str, Field(max_length=L.MAX_LABEL_VALUE)]
+#: A raw verl override.
+OverrideStr = Annotated[str, Field(max_length=L.MAX_OVERRIDE_LENGTH)]
+#: A Kubernetes resource quantity without a sign.
+Quantity = Annotated[str, Field(max_length=L.MAX_QUANTITY, pattern=L.QUANTITY_PATTERN)]
 
 
 class _Model(BaseModel):
@@ -61,7 +72,9 @@ class Algorithm(StrEnum):
 
 class VerlSpec(_Model):
     image: str = Field(
-        min_length=1, description="Container image with verl, vLLM and this project's launcher."
+        min_length=1,
+        max_length=L.MAX_IMAGE,
+        description="Container image with verl, vLLM and this project's launcher.",
     )
     version: VerlVersion = Field(
         default="0.9",
@@ -78,32 +91,52 @@ class VerlSpec(_Model):
 class ModelShape(_Model):
     """Architecture numbers of the model (from its HF ``config.json``)."""
 
-    model_type: str | None = Field(default=None, description="HF model_type, e.g. qwen2, llama, qwen3_moe.")
-    layers: int = Field(ge=1, description="num_hidden_layers.")
-    hidden_size: int = Field(ge=1, description="hidden_size.")
-    attention_heads: int = Field(ge=1, description="num_attention_heads.")
-    kv_heads: int = Field(ge=1, description="num_key_value_heads (equal to attentionHeads without GQA).")
-    head_dim: int | None = Field(
-        default=None, ge=1, description="head_dim (default hiddenSize / attentionHeads)."
+    model_type: str | None = Field(
+        default=None, max_length=L.MAX_NAME, description="HF model_type, e.g. qwen2, llama, qwen3_moe."
     )
-    intermediate_size: int = Field(ge=1, description="intermediate_size of the dense MLP.")
-    vocab_size: int = Field(ge=1, description="vocab_size.")
-    max_position_embeddings: int = Field(ge=1, description="max_position_embeddings: the longest sequence.")
+    layers: int = Field(ge=1, le=L.MAX_LAYERS, description="num_hidden_layers.")
+    hidden_size: int = Field(ge=1, le=L.MAX_HIDDEN, description="hidden_size.")
+    attention_heads: int = Field(ge=1, le=L.MAX_HEADS, description="num_attention_heads.")
+    kv_heads: int = Field(
+        ge=1, le=L.MAX_HEADS, description="num_key_value_heads (equal to attentionHeads without GQA)."
+    )
+    head_dim: int | None = Field(
+        default=None, ge=1, le=L.MAX_HEADS, description="head_dim (default hiddenSize / attentionHeads)."
+    )
+    intermediate_size: int = Field(
+        ge=1, le=16 * L.MAX_HIDDEN, description="intermediate_size of the dense MLP."
+    )
+    vocab_size: int = Field(ge=1, le=L.MAX_VOCAB, description="vocab_size.")
+    max_position_embeddings: int = Field(
+        ge=1, le=L.MAX_TOKENS, description="max_position_embeddings: the longest sequence."
+    )
     tie_word_embeddings: bool = Field(default=False, description="tie_word_embeddings.")
-    num_experts: int | None = Field(default=None, ge=1, description="MoE: routed experts per layer.")
+    num_experts: int | None = Field(
+        default=None, ge=1, le=L.MAX_EXPERTS, description="MoE: routed experts per layer."
+    )
     num_experts_per_tok: int | None = Field(
-        default=None, ge=1, description="MoE: experts each token uses (top-k)."
+        default=None, ge=1, le=L.MAX_EXPERTS, description="MoE: experts each token uses (top-k)."
     )
     moe_intermediate_size: int | None = Field(
-        default=None, ge=1, description="MoE: intermediate size of an expert."
+        default=None, ge=1, le=L.MAX_HIDDEN, description="MoE: intermediate size of an expert."
     )
-    shared_experts: int | None = Field(default=None, ge=0, description="MoE: shared experts per layer.")
-    first_k_dense_replace: int | None = Field(default=None, ge=0, description="MoE: leading dense layers.")
-    kv_lora_rank: int | None = Field(default=None, ge=1, description="MLA: kv_lora_rank (DeepSeek-V3 style).")
-    q_lora_rank: int | None = Field(default=None, ge=1, description="MLA: q_lora_rank.")
-    qk_rope_head_dim: int | None = Field(default=None, ge=1, description="MLA: qk_rope_head_dim.")
-    qk_nope_head_dim: int | None = Field(default=None, ge=1, description="MLA: qk_nope_head_dim.")
-    v_head_dim: int | None = Field(default=None, ge=1, description="MLA: v_head_dim.")
+    shared_experts: int | None = Field(
+        default=None, ge=0, le=L.MAX_EXPERTS, description="MoE: shared experts per layer."
+    )
+    first_k_dense_replace: int | None = Field(
+        default=None, ge=0, le=L.MAX_LAYERS, description="MoE: leading dense layers."
+    )
+    kv_lora_rank: int | None = Field(
+        default=None, ge=1, le=L.MAX_HIDDEN, description="MLA: kv_lora_rank (DeepSeek-V3 style)."
+    )
+    q_lora_rank: int | None = Field(default=None, ge=1, le=L.MAX_HIDDEN, description="MLA: q_lora_rank.")
+    qk_rope_head_dim: int | None = Field(
+        default=None, ge=1, le=L.MAX_HEADS, description="MLA: qk_rope_head_dim."
+    )
+    qk_nope_head_dim: int | None = Field(
+        default=None, ge=1, le=L.MAX_HEADS, description="MLA: qk_nope_head_dim."
+    )
+    v_head_dim: int | None = Field(default=None, ge=1, le=L.MAX_HEADS, description="MLA: v_head_dim.")
 
     @property
     def effective_head_dim(self) -> int:
@@ -113,6 +146,7 @@ class ModelShape(_Model):
 class ModelSpec(_Model):
     path: str = Field(
         min_length=1,
+        max_length=L.MAX_PATH,
         description="HF model id or a path inside a mounted volume (actor_rollout_ref.model.path).",
     )
     shape: ModelShape | None = Field(
@@ -122,46 +156,59 @@ class ModelSpec(_Model):
 
 
 class DataSpec(_Model):
-    train_files: list[str] = Field(
-        default_factory=list, description="Training parquet files (data.train_files)."
+    train_files: list[PathStr] = Field(
+        default_factory=list, max_length=L.MAX_FILES, description="Training parquet files (data.train_files)."
     )
-    val_files: list[str] = Field(
-        default_factory=list, description="Validation parquet files (data.val_files)."
+    val_files: list[PathStr] = Field(
+        default_factory=list, max_length=L.MAX_FILES, description="Validation parquet files (data.val_files)."
     )
     train_batch_size: int | None = Field(
         default=None,
         ge=1,
+        le=L.MAX_BATCH,
         description="Prompts per step (data.train_batch_size); the planner decides if omitted.",
     )
-    max_prompt_length: int = Field(default=512, ge=1, description="data.max_prompt_length in tokens.")
-    max_response_length: int = Field(default=512, ge=1, description="data.max_response_length in tokens.")
+    max_prompt_length: int = Field(
+        default=512, ge=1, le=L.MAX_TOKENS, description="data.max_prompt_length in tokens."
+    )
+    max_response_length: int = Field(
+        default=512, ge=1, le=L.MAX_TOKENS, description="data.max_response_length in tokens."
+    )
 
 
 class ResourcesSpec(_Model):
-    gpus: int = Field(ge=1, description="Total GPUs for the job (trainer.nnodes x trainer.n_gpus_per_node).")
+    gpus: int = Field(
+        ge=1, le=L.MAX_GPUS, description="Total GPUs for the job (trainer.nnodes x trainer.n_gpus_per_node)."
+    )
     gpus_per_node: int | None = Field(
         default=None,
         ge=1,
+        le=L.MAX_GPUS_PER_NODE,
         description="GPUs used on each node; the planner decides from the nodes if omitted.",
     )
     gpu_product: str | None = Field(
         default=None,
+        max_length=L.MAX_LABEL_VALUE,
         description="Required GPU product, as in the nvidia.com/gpu.product label (e.g. NVIDIA-H100-80GB-HBM3).",
     )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Extra node labels every chosen node must carry."
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict,
+        max_length=L.MAX_OBJECTS,
+        description="Extra node labels every chosen node must carry.",
     )
     tolerations: list[dict[str, Any]] = Field(
-        default_factory=list, description="Tolerations added to every pod (core/v1 Toleration)."
+        default_factory=list,
+        max_length=L.MAX_OBJECTS,
+        description="Tolerations added to every pod (core/v1 Toleration).",
     )
-    cpu_per_node: str | None = Field(
+    cpu_per_node: Quantity | None = Field(
         default=None,
         description="CPU request of each Ray pod (default: enough for verl's placement group, 3 per GPU + 2).",
     )
-    memory_per_node: str | None = Field(
+    memory_per_node: Quantity | None = Field(
         default=None, description="Memory request of each Ray pod (e.g. 512Gi)."
     )
-    shm_size: str | None = Field(
+    shm_size: Quantity | None = Field(
         default=None, description="Size of the /dev/shm memory volume (default 64Gi)."
     )
 
@@ -175,11 +222,15 @@ class RolloutSpec(_Model):
         description="spmd (verl <= 0.6, rollout.mode=sync) or server (verl >= 0.7); defaults to the version's.",
     )
     n: int | None = Field(
-        default=None, ge=1, description="Responses per prompt (actor_rollout_ref.rollout.n)."
+        default=None,
+        ge=1,
+        le=L.MAX_ROLLOUT_N,
+        description="Responses per prompt (actor_rollout_ref.rollout.n).",
     )
     tensor_parallel_size: int | None = Field(
         default=None,
         ge=1,
+        le=L.MAX_PARALLEL,
         description="vLLM tensor parallel size per rollout replica; planner decides if omitted.",
     )
     gpu_memory_utilization: float | None = Field(
@@ -192,10 +243,16 @@ class RolloutSpec(_Model):
 
 class ParallelismSpec(_Model):
     sequence_parallel_size: int | None = Field(
-        default=None, ge=1, description="Ulysses sequence parallel size of actor/ref/critic."
+        default=None,
+        ge=1,
+        le=L.MAX_PARALLEL,
+        description="Ulysses sequence parallel size of actor/ref/critic.",
     )
     fsdp_size: int | None = Field(
-        default=None, description="FSDP shard group size: -1 (whole world) or a divisor of the world size."
+        default=None,
+        ge=-1,
+        le=L.MAX_GPUS,
+        description="FSDP shard group size: -1 (whole world) or a divisor of the world size.",
     )
 
 
@@ -203,13 +260,20 @@ class BatchingSpec(_Model):
     ppo_mini_batch_size: int | None = Field(
         default=None,
         ge=1,
+        le=L.MAX_BATCH,
         description="Prompts per PPO mini-batch (actor.ppo_mini_batch_size), before x rollout.n.",
     )
     ppo_micro_batch_size_per_gpu: int | None = Field(
-        default=None, ge=1, description="Sequences per GPU per forward/backward (gradient accumulation unit)."
+        default=None,
+        ge=1,
+        le=L.MAX_BATCH,
+        description="Sequences per GPU per forward/backward (gradient accumulation unit).",
     )
     log_prob_micro_batch_size_per_gpu: int | None = Field(
-        default=None, ge=1, description="Sequences per GPU per log-prob forward (rollout and ref)."
+        default=None,
+        ge=1,
+        le=L.MAX_BATCH,
+        description="Sequences per GPU per log-prob forward (rollout and ref).",
     )
     dynamic_batch_size: bool | None = Field(
         default=None,
@@ -218,6 +282,7 @@ class BatchingSpec(_Model):
     max_token_len_per_gpu: int | None = Field(
         default=None,
         ge=1,
+        le=L.MAX_TOKEN_BUDGET,
         description="Token budget per GPU with dynamic batch size (ppo_max_token_len_per_gpu).",
     )
 
@@ -237,7 +302,9 @@ class PlacementSpec(_Model):
         description="required: rollout TP and sequence-parallel groups must sit inside one NVLink domain.",
     )
     topology_key: str | None = Field(
-        default=None, description="Node label that names a network domain (e.g. a rack or block label)."
+        default=None,
+        max_length=L.MAX_NAME,
+        description="Node label that names a network domain (e.g. a rack or block label).",
     )
     topology_policy: Literal["required", "preferred"] | None = Field(
         default=None, description="required: all nodes in one topologyKey domain; preferred: try that first."
@@ -246,17 +313,23 @@ class PlacementSpec(_Model):
 
 class SchedulingSpec(_Model):
     queue_name: str | None = Field(
-        default=None, description="Hand the job to Kueue: sets the kueue.x-k8s.io/queue-name label."
+        default=None,
+        max_length=L.MAX_LABEL_VALUE,
+        description="Hand the job to Kueue: sets the kueue.x-k8s.io/queue-name label.",
     )
     scheduler: Literal["builtin", "volcano"] = Field(
         default="builtin", description="Gang placement: builtin (scheduling gates) or volcano (PodGroup)."
     )
-    priority_class_name: str | None = Field(default=None, description="priorityClassName of the pods.")
+    priority_class_name: str | None = Field(
+        default=None, max_length=L.MAX_NAME, description="priorityClassName of the pods."
+    )
 
 
 class CheckpointSpec(_Model):
     dir: str | None = Field(
-        default=None, description="Checkpoint directory on a mounted volume (trainer.default_local_dir)."
+        default=None,
+        max_length=L.MAX_PATH,
+        description="Checkpoint directory on a mounted volume (trainer.default_local_dir).",
     )
     resume: bool = Field(
         default=True, description="Resume from the latest checkpoint on restart (resume_mode=auto)."
@@ -282,32 +355,41 @@ class VerlJobSpec(_Model):
     checkpoint: CheckpointSpec = Field(
         default_factory=CheckpointSpec, description="Checkpointing and resume."
     )
-    overrides: list[str] = Field(
+    overrides: list[OverrideStr] = Field(
         default_factory=list,
+        max_length=L.MAX_OVERRIDES,
         description=(
             "Raw verl Hydra overrides as on verl's command line (key=value). Keys the planner owns are read "
             "as pinned inputs; a conflict with a structured field is a violation."
         ),
     )
     env: list[dict[str, Any]] = Field(
-        default_factory=list, description="Extra environment variables for the Ray pods (core/v1 EnvVar)."
+        default_factory=list,
+        max_length=L.MAX_ENV,
+        description="Extra environment variables for the Ray pods (core/v1 EnvVar).",
     )
     volumes: list[dict[str, Any]] = Field(
-        default_factory=list, description="Extra pod volumes (core/v1 Volume)."
+        default_factory=list, max_length=L.MAX_OBJECTS, description="Extra pod volumes (core/v1 Volume)."
     )
     volume_mounts: list[dict[str, Any]] = Field(
         default_factory=list,
+        max_length=L.MAX_OBJECTS,
         description="Mounts of those volumes in the Ray containers (core/v1 VolumeMount).",
     )
     suspend: bool = Field(
         default=False, description="true deletes the pods and keeps the job; false resumes."
     )
-    backoff_limit: int = Field(default=0, ge=0, description="Whole-cluster restarts allowed after a failure.")
+    backoff_limit: int = Field(
+        default=0, ge=0, le=L.MAX_BACKOFF, description="Whole-cluster restarts allowed after a failure."
+    )
     active_deadline_seconds: int | None = Field(
-        default=None, ge=1, description="Fail the job when it has run longer than this."
+        default=None, ge=1, le=L.MAX_SECONDS, description="Fail the job when it has run longer than this."
     )
     ttl_seconds_after_finished: int | None = Field(
-        default=None, ge=0, description="Delete the finished job this many seconds after it ends."
+        default=None,
+        ge=0,
+        le=L.MAX_SECONDS,
+        description="Delete the finished job this many seconds after it ends.",
     )
 
 

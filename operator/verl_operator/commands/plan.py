@@ -51,28 +51,66 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def read_yaml(path: str) -> list[Any]:
+    """The YAML documents of ``path``.
+
+    Raises:
+        InputError: unreadable file, not UTF-8 text, bad YAML, or nesting deeper than the parser can follow.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+        ) from exc
+    try:
+        return list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path} is not valid YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise InputError(f"{path} nests lists or mappings too deeply to read") from exc
+
+
 def load_job(path: str) -> VerlJob:
     """Read and validate a VerlJob file.
 
     Raises:
         InputError: unreadable file, bad YAML, or a spec that does not validate (with the field paths).
     """
-    try:
-        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path} is not valid YAML: {exc}") from exc
+    docs = [d for d in read_yaml(path) if d is not None]
+    if len(docs) > 1:
+        raise InputError(f"{path} holds {len(docs)} YAML documents; expected one VerlJob")
+    doc = docs[0] if docs else None
     if not isinstance(doc, dict):
         raise InputError(f"{path} does not hold a VerlJob object")
+    return validate_job(doc, path)
+
+
+def validate_job(doc: Mapping[str, Any], path: str) -> VerlJob:
+    """Validate a VerlJob document read from ``path``.
+
+    Raises:
+        InputError: the document does not validate (one line per field path) or nests too deeply.
+    """
     try:
         return VerlJob.model_validate(doc)
     except ValidationError as exc:
         lines = [f"{path}: invalid VerlJob:"]
         for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            lines.append(f"  {loc}: {err['msg']}")
+            lines.append(f"  {job_path(err['loc'])}: {err['msg']}")
         raise InputError("\n".join(lines)) from exc
+    except RecursionError as exc:
+        raise InputError(f"{path} nests lists or mappings too deeply to validate") from exc
+
+
+def job_path(loc: Sequence[int | str]) -> str:
+    """A pydantic error location as a field path: ``("spec", "overrides", 3)`` -> ``spec.overrides[3]``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
 
 
 def load_nodes(path: str) -> list[dict[str, Any]]:
@@ -82,12 +120,7 @@ def load_nodes(path: str) -> list[dict[str, Any]]:
     Raises:
         InputError: unreadable file, bad YAML, or documents that are not Nodes.
     """
-    try:
-        docs = list(yaml.safe_load_all(Path(path).read_text(encoding="utf-8")))
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path} is not valid YAML: {exc}") from exc
+    docs = read_yaml(path)
     nodes: list[dict[str, Any]] = []
     for doc in docs:
         if doc is None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -37,6 +36,7 @@ def render(
     from pydantic import ValidationError
 
     from verl_operator.api.spec import VerlJob
+    from verl_operator.commands.plan import job_path
     from verl_operator.controller.snapshot import node_capacity
     from verl_operator.manifests import LaunchPlan, build_children
     from verl_operator.placement import place, request_from_plan
@@ -46,9 +46,9 @@ def render(
     try:
         parsed = VerlJob.model_validate(job)
     except ValidationError as exc:
-        raise RenderError(
-            [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        ) from exc
+        raise RenderError([f"{job_path(e['loc'])}: {e['msg']}" for e in exc.errors()]) from exc
+    except RecursionError as exc:
+        raise RenderError(["the VerlJob nests lists or mappings too deeply to validate"]) from exc
     spec = parsed.spec
     meta = {
         "namespace": "default",
@@ -87,14 +87,16 @@ class RenderError(Exception):
 
 def run(args: argparse.Namespace) -> int:
     """Print the children as multi-document YAML; exit 1 when the job cannot be placed, 2 on bad input."""
-    from verl_operator.commands.plan import InputError, load_nodes
+    from verl_operator.commands.plan import InputError, load_nodes, read_yaml
 
     try:
-        job = yaml.safe_load(Path(args.filename).read_text())
+        docs = read_yaml(args.filename)
         nodes = load_nodes(args.nodes)
-    except (OSError, yaml.YAMLError, InputError) as exc:
+    except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    docs = [d for d in docs if d is not None]
+    job = docs[0] if len(docs) == 1 else None
     if not isinstance(job, dict):
         print(f"error: {args.filename} is not a VerlJob object", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ from verl_operator.controller.reconcile import JobReconciler
 from verl_operator.controller.runtime import RUNTIME
 from verl_operator.controller.snapshot import pod_usage_entry
 from verl_operator.controller.webhook import admission_problems, write_self_signed
+from verl_operator.controller.webhook_server import WebhookServer
 from verl_operator.manifests.names import LABEL_JOB
 
 log = logging.getLogger("verl_operator.handlers")
@@ -84,7 +85,7 @@ def validate_job(spec: kopf.Spec, old: kopf.Body | None, gpu_nodes: Any, **_: An
     """Deny a VerlJob that the API models or the planner reject; the message lists every violation."""
     nodes = [v for store in list(gpu_nodes.values()) for v in list(store)]
     old_spec = dict(old.get("spec") or {}) if old is not None else None
-    problems = admission_problems(json.loads(json.dumps(dict(spec))), old_spec, nodes)
+    problems = admission_problems(dict(spec), old_spec, nodes)
     if problems:
         metrics.ADMISSION_DENIALS.inc()
         raise kopf.AdmissionError("VerlJob rejected:\n" + "\n".join(f"- {p}" for p in problems), code=422)
@@ -128,7 +129,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
                 Path(cfg.workdir) / "webhook", hosts=("127.0.0.1", "localhost")
             )
             cert, key = str(cert_path), str(key_path)
-        settings.admission.server = kopf.WebhookServer(
+        settings.admission.server = WebhookServer(
             addr=cfg.webhook_listen, port=cfg.webhook_port, host=cfg.webhook_host, certfile=cert, pkeyfile=key
         )
         settings.admission.managed = cfg.webhook_managed

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-from collections.abc import Mapping, Sequence
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,33 +19,68 @@ from pydantic import ValidationError
 
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner import plan_job
+from verl_operator.planner.budget import Budget
+
+LOG = logging.getLogger(__name__)
+
+#: Seconds the planner may take for one admission request: the webhook answers well inside the API server's
+#: timeout (chart default 10 s) and within 1 s at the 99th percentile (docs/benchmarks.md).
+PLAN_SECONDS = 0.8
+
+
+def field_path(loc: Sequence[int | str]) -> str:
+    """A pydantic error location as a spec path: ``("overrides", 3)`` -> ``spec.overrides[3]``."""
+    out = "spec"
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
 
 
 def admission_problems(
-    spec: Mapping[str, Any] | None, old_spec: Mapping[str, Any] | None, nodes: Sequence[Mapping[str, Any]]
+    spec: Mapping[str, Any] | None,
+    old_spec: Mapping[str, Any] | None,
+    nodes: Sequence[Mapping[str, Any]],
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[str]:
     """Why a VerlJob must be denied (empty: admit).
 
     The spec is parsed by the API models (a field error names its path) and planned against the current
-    nodes. An update that leaves the spec unchanged, or only suspends the job, is admitted without planning.
+    nodes, within ``PLAN_SECONDS`` on ``clock``. An update that leaves the spec unchanged, or only suspends
+    the job, is admitted without planning. Never raises: an unexpected error is a problem naming ``spec``.
 
     Args:
         spec: The new ``spec``.
         old_spec: The old ``spec`` on UPDATE, else None.
         nodes: The cluster's Node objects.
+        clock: A monotonic clock in seconds (for the planning deadline).
 
     Returns:
         One line per problem: ``field: message (suggestions)``.
     """
-    if old_spec is not None and dict(old_spec) == dict(spec or {}):
+    try:
+        return _problems(spec, old_spec, nodes, clock)
+    except Exception as exc:  # the last line of defence: a denial that says why, never an HTTP 500
+        LOG.exception("admission check failed")
+        return [f"spec: the operator could not check this spec ({type(exc).__name__}: {str(exc)[:200]})"]
+
+
+def _problems(
+    spec: Mapping[str, Any] | None,
+    old_spec: Mapping[str, Any] | None,
+    nodes: Sequence[Mapping[str, Any]],
+    clock: Callable[[], float],
+) -> list[str]:
+    plain = json.loads(json.dumps(dict(spec or {})))  # plain types (kopf hands in mapping views)
+    if old_spec is not None and dict(old_spec) == plain:
         return []
     try:
-        parsed = VerlJobSpec.model_validate(dict(spec or {}))
+        parsed = VerlJobSpec.model_validate(plain)
     except ValidationError as exc:
-        return [f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return [f"{field_path(e['loc'])}: {e['msg']}" for e in exc.errors()]
     if parsed.suspend and old_spec is not None:
         return []
-    result = plan_job(parsed, list(nodes))
+    budget = Budget(clock=clock, deadline=clock() + PLAN_SECONDS)
+    result = plan_job(parsed, list(nodes), budget=budget)
     if result.feasible:
         return []
     return [

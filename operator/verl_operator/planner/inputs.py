@@ -193,7 +193,7 @@ def _same(a: Value, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return bool(a) == bool(b) and type(a) is type(b)
     if isinstance(a, int | float) and isinstance(b, int | float):
-        return float(a) == float(b)
+        return a == b  # exact, and no overflow for an integer too large for a float
     if isinstance(a, list) and isinstance(b, list):
         return [str(x) for x in a] == [str(x) for x in b]
     if isinstance(a, str) and isinstance(b, list) and len(b) == 1:

@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from verl_operator.api.spec import VerlJobSpec
+from verl_operator.planner.budget import Budget, PlanTooLarge, limited, spend
 from verl_operator.planner.cluster import Pool, cpu_needed, layouts, select
 from verl_operator.planner.facts import node_facts
 from verl_operator.planner.report import build_result
@@ -15,10 +16,14 @@ from verl_operator.planner.result import PlanResult, Violation, infeasible
 from verl_operator.planner.search import Failed, Found, search
 
 
-def plan_job(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]]) -> PlanResult:
+def plan_job(
+    spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]], budget: Budget | None = None
+) -> PlanResult:
     """Plan a VerlJob on the cluster's nodes.
 
     Pure: the same spec and nodes give the same result; no clock, environment, network or Kubernetes client.
+    Bounded: the search takes at most ``budget.steps`` steps (``budget.MAX_STEPS`` by default); a spec that
+    needs more is answered with a ``plan-too-large`` violation (as is one past a deadline the caller set).
 
     Algorithm:
         1. Resolve the model shape (``spec.model.shape`` or the built-in catalog), parse the overrides and merge
@@ -37,6 +42,31 @@ def plan_job(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]]) -> PlanResul
     Returns:
         The result: ``feasible`` with a plan, or the violations.
     """
+    budget = budget if budget is not None else Budget()
+    try:
+        with limited(budget):
+            return _plan(spec, nodes)
+    except PlanTooLarge as exc:
+        return infeasible([too_large(spec, exc)])
+
+
+def too_large(spec: VerlJobSpec, exc: PlanTooLarge) -> Violation:
+    """The violation for a plan that ran out of its budget."""
+    return Violation(
+        field="spec",
+        rule="plan-too-large",
+        message=(
+            f"the job is too large to plan: {exc.why} ({spec.resources.gpus} GPUs; every open setting multiplies "
+            "the candidates)"
+        ),
+        suggestions=[
+            "pin spec.rollout.tensorParallelSize, spec.parallelism.sequenceParallelSize and the batch sizes",
+            "or set spec.resources.gpusPerNode",
+        ],
+    )
+
+
+def _plan(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]]) -> PlanResult:
     resolved = resolve(spec)
     if isinstance(resolved, list):
         return infeasible(resolved)
@@ -64,6 +94,7 @@ def plan_job(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]]) -> PlanResul
     any_layout = False
     for pool in pools:
         for layout in layouts(pool, spec, gpn_val):
+            spend()
             any_layout = True
             problem = replace(
                 resolved.problem,

@@ -20,6 +20,11 @@ _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z_0-9][A-Za-z0-9_\-]*)*
 _INT_RE = re.compile(r"^[+-]?\d+$")
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
 
+#: Lists nested deeper than this are refused (verl's configs nest two levels at most).
+MAX_DEPTH = 16
+#: Integers with more digits are refused (a 64-bit integer has 19; Python refuses to parse past 4300).
+MAX_DIGITS = 40
+
 
 class OverrideError(ValueError):
     """An override that is not ``key=value`` Hydra syntax."""
@@ -82,17 +87,23 @@ def _split_top(text: str) -> list[str]:
     return parts
 
 
-def parse_value(text: str) -> Value:
+def shorten(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters for a message (a long value is not echoed whole)."""
+    return text if len(text) <= limit else f"{text[: limit - 20]}...({len(text)} characters)"
+
+
+def parse_value(text: str, depth: int = 0) -> Value:
     """Parse the right-hand side of an override.
 
     Args:
         text: The value as written, e.g. ``4``, ``0.6``, ``True``, ``'a b'``, ``[x,y]``, ``null``.
+        depth: How deep inside lists ``text`` is (lists deeper than ``MAX_DEPTH`` are refused).
 
     Returns:
         The Python value: int, float, bool, None, str or a list of those.
 
     Raises:
-        OverrideError: unbalanced quotes or brackets.
+        OverrideError: unbalanced quotes or brackets, lists nested too deep, an integer too long.
     """
     t = text.strip()
     if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
@@ -100,7 +111,9 @@ def parse_value(text: str) -> Value:
     if t.startswith("[") or t.endswith("]"):
         if not (t.startswith("[") and t.endswith("]")):
             raise OverrideError(f"unbalanced brackets in {text!r}")
-        return [parse_value(p) for p in _split_top(t[1:-1])]
+        if depth >= MAX_DEPTH:
+            raise OverrideError(f"lists nested deeper than {MAX_DEPTH} levels")
+        return [parse_value(p, depth + 1) for p in _split_top(t[1:-1])]
     if t[:1] in "'\"" or t[-1:] in "'\"":
         raise OverrideError(f"unbalanced quotes in {text!r}")
     low = t.lower()
@@ -111,6 +124,9 @@ def parse_value(text: str) -> Value:
     if low in ("null", "none", "~"):
         return None
     if _INT_RE.match(t):
+        digits = len(t.lstrip("+-"))
+        if digits > MAX_DIGITS:
+            raise OverrideError(f"an integer of {digits} digits is too long (at most {MAX_DIGITS})")
         return int(t)
     if _FLOAT_RE.match(t):
         return float(t)
@@ -163,7 +179,7 @@ def parse_overrides(raws: Sequence[str]) -> tuple[list[Override], list[Violation
                 Violation(
                     field=f"spec.overrides[{i}]",
                     rule="override-syntax",
-                    message=f"{raw!r}: {exc}",
+                    message=f"{shorten(raw)!r}: {exc}",
                     suggestions=["write key=value, +key=value or ++key=value"],
                 )
             )

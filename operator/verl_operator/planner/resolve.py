@@ -3,9 +3,11 @@ merged, types checked) and the settings the planner does not support, as violati
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from verl_operator.api.limits import DEFAULT_INT_BOUNDS, INPUT_BOUNDS
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner import catalog, dialect
 from verl_operator.planner.inputs import Fixed, Problem, merge_pins
@@ -36,12 +38,29 @@ class _Reader:
             )
         )
 
+    def _out_of_range(self, pin: Pinned, shown: str, lo: str, hi: str) -> None:
+        self.violations.append(
+            Violation(
+                field=pin.source,
+                rule="out-of-range",
+                message=f"{shown} is outside the supported range {lo} to {hi}",
+                suggestions=[f"use a value from {lo} to {hi}"],
+            )
+        )
+
     def get_int(self, name: str, reads: bool = False) -> int | None:
+        """The pinned integer ``name``, or None; a value past ``limits.INPUT_BOUNDS`` is a violation."""
         pin = (self.reads if reads else self.pins).get(name)
         if pin is None or pin.value is None:
             return None
         if isinstance(pin.value, bool) or not isinstance(pin.value, int):
             self._bad(pin, "an integer")
+            return None
+        lo, hi = INPUT_BOUNDS.get(name, DEFAULT_INT_BOUNDS)
+        if not lo <= pin.value <= hi:
+            digits = len(str(abs(pin.value)))
+            shown = str(pin.value) if digits <= 20 else f"a {digits}-digit integer"
+            self._out_of_range(pin, shown, str(lo), str(hi))
             return None
         return pin.value
 
@@ -54,14 +73,20 @@ class _Reader:
             return None
         return pin.value
 
-    def get_float(self, name: str) -> float | None:
+    def get_float(self, name: str, low: float, high: float) -> float | None:
+        """The pinned number ``name`` in ``(low, high]``, or None (a value outside is a violation)."""
         pin = self.pins.get(name)
         if pin is None or pin.value is None:
             return None
         if isinstance(pin.value, bool) or not isinstance(pin.value, int | float):
             self._bad(pin, "a number")
             return None
-        return float(pin.value)
+        value = pin.value
+        if not (isinstance(value, int) or math.isfinite(value)) or not low < value <= high:
+            shown = repr(value) if len(repr(value)) <= 20 else f"a {len(str(value))}-digit number"
+            self._out_of_range(pin, shown, f"{low} (exclusive)", str(high))
+            return None
+        return float(value)
 
     def get_str(self, name: str, reads: bool = False) -> str | None:
         pin = (self.reads if reads else self.pins).get(name)
@@ -212,7 +237,8 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         train_batch_size=r.get_int("train_batch_size"),
         rollout_n=r.get_int("rollout_n"),
         rollout_tp=r.get_int("rollout_tp"),
-        gpu_memory_utilization=r.get_float("gpu_memory_utilization"),
+        # vLLM's fraction of the GPU memory: more than 0, at most all of it.
+        gpu_memory_utilization=r.get_float("gpu_memory_utilization", 0.0, 1.0),
         sequence_parallel_size=r.get_int("sequence_parallel_size"),
         fsdp_size=r.get_int("fsdp_size"),
         ppo_mini_batch_size=r.get_int("ppo_mini_batch_size"),
@@ -228,18 +254,6 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         critic_ppo_micro_batch_size_per_gpu=r.get_int("critic_ppo_micro_batch_size_per_gpu"),
         critic_ppo_micro_batch_size_global=r.get_int("critic_ppo_micro_batch_size_global"),
     )
-    for name in (
-        "rollout_n",
-        "rollout_tp",
-        "sequence_parallel_size",
-        "ppo_mini_batch_size",
-        "train_batch_size",
-    ):
-        val = getattr(fixed, name)
-        if val is not None and val < 1:
-            violations.append(
-                Violation(field=pins[name].source, rule="positive", message=f"{val} must be at least 1")
-            )
     if ep is not None and ep > 1 and shape.num_experts is None:
         violations.append(
             Violation(

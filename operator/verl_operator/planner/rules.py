@@ -6,6 +6,7 @@ every factor of the arithmetic and, where they exist, the nearest valid values.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Iterable
 
@@ -15,8 +16,11 @@ from verl_operator.planner.result import Violation
 Rule = Callable[[Problem, Settings], list[Violation]]
 
 
-def nearest(value: int, ok: Callable[[int], bool], limit: int = 100_000) -> list[int]:
+def nearest(value: int, ok: Callable[[int], bool], limit: int = 4096) -> list[int]:
     """The nearest integers below and above ``value`` (>= 1) that satisfy ``ok``, below first.
+
+    A linear scan, so only for small domains (parallel sizes); batch sizes use :func:`nearest_multiple` and
+    :func:`nearest_divisor`, whose cost does not grow with the value.
 
     Args:
         value: The rejected value.
@@ -35,10 +39,107 @@ def nearest(value: int, ok: Callable[[int], bool], limit: int = 100_000) -> list
     return found
 
 
+def nearest_multiple(value: int, unit: int, high: int | None = None) -> list[int]:
+    """The multiples of ``unit`` nearest below and above ``value`` (>= ``unit``, <= ``high``), below first."""
+    unit = max(1, unit)
+    found = []
+    below = (value - 1) // unit * unit
+    if below >= unit:
+        found.append(below)
+    above = (value // unit + 1) * unit
+    if high is None or above <= high:
+        found.append(above)
+    return found
+
+
+def nearest_divisor(value: int, n: int) -> list[int]:
+    """The divisors of ``n`` nearest below and above ``value``, below first."""
+    divs = divisors(n)
+    i = bisect.bisect_left(divs, value)
+    found = [divs[i - 1]] if i > 0 else []
+    j = bisect.bisect_right(divs, value)
+    if j < len(divs):
+        found.append(divs[j])
+    return found
+
+
+#: Small primes divided out by trial division before Pollard's rho takes over.
+_SMALL_PRIMES = tuple(p for p in range(2, 1000) if all(p % q for q in range(2, math.isqrt(p) + 1)))
+#: Witnesses that make Miller-Rabin exact below 3.3e24 (Sorenson and Webster), far above any bounded input.
+_WITNESSES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41)
+
+
+def _is_prime(n: int) -> bool:
+    if n < 2:
+        return False
+    for p in _SMALL_PRIMES:
+        if n % p == 0:
+            return n == p
+    d, r = n - 1, 0
+    while d % 2 == 0:
+        d, r = d // 2, r + 1
+    for a in _WITNESSES:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def _rho(n: int) -> int:
+    """A non-trivial factor of the odd composite ``n`` (Pollard's rho with Floyd's cycle finding; deterministic seeds)."""
+    for c in range(1, n):
+        x = y = 2
+        d = 1
+        while d == 1:
+            x = (x * x + c) % n
+            y = (y * y + c) % n
+            y = (y * y + c) % n
+            d = math.gcd(abs(x - y), n)
+        if d != n:
+            return d
+    raise ArithmeticError(f"no factor found for {n}")  # pragma: no cover - unreachable for composites
+
+
+def prime_factors(n: int) -> dict[int, int]:
+    """The prime factorisation of ``n >= 1`` as ``{prime: exponent}``.
+
+    Algorithm:
+        Trial division by the primes below 1000, then Pollard's rho on what remains; the cost grows with the
+        fourth root of the largest prime factor, not with ``n``, so a large prime costs milliseconds, not the
+        ``sqrt(n)`` steps of trial division. Example: ``prime_factors(360) == {2: 3, 3: 2, 5: 1}``.
+    """
+    out: dict[int, int] = {}
+    for p in _SMALL_PRIMES:
+        if p * p > n:
+            break
+        while n % p == 0:
+            out[p] = out.get(p, 0) + 1
+            n //= p
+    stack = [n] if n > 1 else []
+    while stack:
+        m = stack.pop()
+        if _is_prime(m):
+            out[m] = out.get(m, 0) + 1
+        else:
+            d = _rho(m)
+            stack += [d, m // d]
+    return dict(sorted(out.items()))
+
+
 def divisors(n: int) -> list[int]:
-    """All positive divisors of ``n``, ascending."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    """All positive divisors of ``n``, ascending (none for ``n < 1``); built from :func:`prime_factors`."""
+    if n < 1:
+        return []
+    divs = [1]
+    for p, e in prime_factors(n).items():
+        divs = [d * p**k for d in divs for k in range(e + 1)]
+    return sorted(divs)
 
 
 def _or(values: Iterable[int]) -> str:
@@ -77,14 +178,15 @@ def batch_divisible_by_world(p: Problem, s: Settings) -> list[Violation]:
                         f"training and {s.world // s.rollout_tp} rollout data-parallel ranks)"
                     ),
                     suggestions=[
-                        f"use trainBatchSize {_or(nearest(s.train_batch_size, lambda t: t * s.rollout_n % unit == 0))}"
+                        f"use trainBatchSize {_or(nearest_multiple(s.train_batch_size, unit // math.gcd(unit, s.rollout_n)))}"
                     ],
                 )
             ]
         return []
     if s.trajectories % s.world == 0:
         return []
-    near = nearest(s.train_batch_size, lambda t: (t * s.rollout_n) % s.world == 0)
+    # t x n divides by the world exactly when t is a multiple of world / gcd(world, n).
+    near = nearest_multiple(s.train_batch_size, s.world // math.gcd(s.world, s.rollout_n))
     return [
         Violation(
             field=_field(p, "train_batch_size"),
@@ -125,7 +227,7 @@ def sp_divides_world(p: Problem, s: Settings) -> list[Violation]:
                 f"outside the ({s.world // s.sequence_parallel_size}, {s.sequence_parallel_size}) mesh"
             ),
             suggestions=[
-                f"use sequenceParallelSize {_or(nearest(s.sequence_parallel_size, lambda v: s.world % v == 0))}"
+                f"use sequenceParallelSize {_or(nearest_divisor(s.sequence_parallel_size, s.world))}"
             ],
         )
     ]
@@ -164,7 +266,7 @@ def fsdp_size_valid(p: Problem, s: Settings) -> list[Violation]:
             field=_field(p, "fsdp_size"),
             rule="fsdp-size",
             message=f"fsdpSize {f} is neither -1 nor a divisor of the {s.world} GPUs",
-            suggestions=[f"use fsdpSize -1 or {_or(nearest(max(f, 1), lambda v: s.world % v == 0))}"],
+            suggestions=[f"use fsdpSize -1 or {_or(nearest_divisor(max(f, 1), s.world))}"],
         )
     ]
 
@@ -178,7 +280,7 @@ def rollout_tp_divides_world(p: Problem, s: Settings) -> list[Violation]:
             field=_field(p, "rollout_tp"),
             rule="rollout-tp-divides-world",
             message=f"{s.world} GPUs are not divisible by rollout tensorParallelSize {s.rollout_tp}",
-            suggestions=[f"use tensorParallelSize {_or(nearest(s.rollout_tp, lambda v: s.world % v == 0))}"],
+            suggestions=[f"use tensorParallelSize {_or(nearest_divisor(s.rollout_tp, s.world))}"],
         )
     ]
 
@@ -194,7 +296,7 @@ def rollout_tp_heads(p: Problem, s: Settings) -> list[Violation]:
             rule="rollout-tp-heads",
             message=f"the model's {heads} attention heads are not divisible by tensorParallelSize {s.rollout_tp}",
             suggestions=[
-                f"use tensorParallelSize {_or(nearest(s.rollout_tp, lambda v: heads % v == 0 and s.world % v == 0))}"
+                f"use tensorParallelSize {_or(nearest_divisor(s.rollout_tp, math.gcd(heads, s.world)))}"
             ],
         )
     ]
@@ -278,7 +380,7 @@ def mini_batch_per_gpu(p: Problem, s: Settings) -> list[Violation]:
     total = s.ppo_mini_batch_size * s.rollout_n
     if total % dp == 0 and total >= dp:
         return []
-    near = nearest(s.ppo_mini_batch_size, lambda m: (m * s.rollout_n) % dp == 0 and m <= s.train_batch_size)
+    near = nearest_multiple(s.ppo_mini_batch_size, dp // math.gcd(dp, s.rollout_n), s.train_batch_size)
     return [
         Violation(
             field=_field(p, "ppo_mini_batch_size"),
@@ -317,7 +419,9 @@ def micro_divides_mini(p: Problem, s: Settings) -> list[Violation]:
                 f"per-GPU mini-batch {s.ppo_mini_batch_size} x {s.rollout_n} / {s.data_parallel_size} = {per_gpu} "
                 f"is not a multiple of ppoMicroBatchSizePerGpu {micro}"
             ),
-            suggestions=[f"use ppoMicroBatchSizePerGpu {_or(nearest(micro, lambda v: per_gpu % v == 0))}"],
+            suggestions=[f"use ppoMicroBatchSizePerGpu {_or(nearest_divisor(micro, per_gpu))}"]
+            if per_gpu > 0
+            else [],
         )
     ]
 
@@ -347,9 +451,7 @@ def log_prob_micro_divides(p: Problem, s: Settings) -> list[Violation]:
                 f"per-GPU log-prob batch {per_gpu} (trajectories / {s.data_parallel_size} data-parallel ranks) is "
                 f"not a multiple of logProbMicroBatchSizePerGpu {micro}"
             ),
-            suggestions=[
-                f"use logProbMicroBatchSizePerGpu {_or(nearest(micro, lambda v: per_gpu % v == 0))}"
-            ],
+            suggestions=[f"use logProbMicroBatchSizePerGpu {_or(nearest_divisor(micro, per_gpu))}"],
         )
     ]
 
@@ -393,7 +495,7 @@ def critic_mesh(p: Problem, s: Settings) -> list[Violation]:
                 f"{dp} data-parallel ranks ({s.world} GPUs / critic SP {csp})"
             ),
             suggestions=[
-                f"use ppoMiniBatchSize {_or(nearest(s.ppo_mini_batch_size, lambda m: (m * s.rollout_n) % dp == 0))}"
+                f"use ppoMiniBatchSize {_or(nearest_multiple(s.ppo_mini_batch_size, dp // math.gcd(dp, s.rollout_n)))}"
             ],
         )
     ]
@@ -412,9 +514,7 @@ def critic_micro_divides_mini(p: Problem, s: Settings) -> list[Violation]:
             field=_field(p, "critic_ppo_micro_batch_size_per_gpu"),
             rule="micro-divides-mini",
             message=f"critic per-GPU mini-batch {per_gpu} is not a multiple of critic micro-batch {micro}",
-            suggestions=[
-                f"use critic.ppo_micro_batch_size_per_gpu {_or(nearest(micro, lambda v: per_gpu % v == 0))}"
-            ],
+            suggestions=[f"use critic.ppo_micro_batch_size_per_gpu {_or(nearest_divisor(micro, per_gpu))}"],
         )
     ]
 

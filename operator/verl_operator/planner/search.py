@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from verl_operator.planner import rules
+from verl_operator.planner.budget import spend
 from verl_operator.planner.cluster import Layout
 from verl_operator.planner.inputs import Fixed, Problem, Settings
 from verl_operator.planner.memory import GIB, Estimate, MemoryInputs, estimate, max_gpu_memory_utilization
@@ -126,10 +127,19 @@ def mini_candidates(tb: int, n: int, dp: int, fixed: Fixed) -> list[int]:
         return (abs(m - target), -m)
 
     valid = [m for m in rules.divisors(tb) if (m * n) % dp == 0 and m * n >= dp]
-    if not valid:
-        # No divisor of the batch works: a mini-batch that leaves a partial last one (verl >= 0.7 pads it).
-        valid = [m for m in range(1, tb + 1) if (m * n) % dp == 0 and m * n >= dp]
-    return [min(valid, key=key)] if valid else [target]
+    if valid:
+        return [min(valid, key=key)]
+    # No divisor of the batch works: a mini-batch that leaves a partial last one (verl >= 0.7 pads it). The
+    # values with m x n % dp == 0 are the multiples of u = dp / gcd(dp, n); the closest to the target among
+    # those with m x n >= dp and m <= tb is one of the two multiples around it, clipped to that range.
+    unit = dp // math.gcd(dp, n)
+    fewest = -(-dp // n)  # m x n >= dp
+    low = unit * max(1, -(-fewest // unit))
+    high = tb // unit * unit
+    if low > high:
+        return [target]
+    below = target // unit * unit
+    return [min({min(max(m, low), high) for m in (below, below + unit)}, key=key)]
 
 
 def _global_to_per_gpu(global_size: int | None, dp: int) -> int | None:
@@ -178,6 +188,7 @@ def global_micro_violations(p: Problem, fixed: Fixed, dp: int, critic_dp: int) -
 
 
 def _memory_inputs(p: Problem, s: Settings, world: int) -> MemoryInputs:
+    spend()  # every memory-model evaluation is one step of the plan's budget
     shard = world if s.fsdp_size == -1 or s.fsdp_size >= world else s.fsdp_size
     sp = s.sequence_parallel_size
     if s.dynamic_batch_size:
@@ -404,6 +415,7 @@ def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found 
                 optimizer_offload=bool(fixed.optimizer_offload),
             )
             for mini in mini_candidates(tb, n, dp, fixed):
+                spend()
                 s = replace(base, ppo_mini_batch_size=mini)
                 mesh = rules.check(p, s, MESH_RULES)
                 if not s.dynamic_batch_size:
@@ -504,6 +516,7 @@ def _search_rest(p: Problem, layout: Layout, fixed: Fixed, s0: Settings, record:
         or fixed.log_prob_micro_batch_size_global is not None
     )
     for s1 in _train_options(p, s0, fixed):
+        spend()
         vs = rules.check(p, s1, train_rules)
         if vs:
             record(_const(vs), 1)
@@ -514,6 +527,7 @@ def _search_rest(p: Problem, layout: Layout, fixed: Fixed, s0: Settings, record:
             record(_memory(p, s1, est, ("memory-train",)), 2)
             continue
         for s2 in _log_prob_options(p, s1, fixed):
+            spend()
             vs = rules.check(p, s2, (rules.log_prob_micro_divides, rules.dynamic_token_budget))
             if vs:
                 record(_const(vs), 3)

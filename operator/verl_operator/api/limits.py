@@ -1,0 +1,100 @@
+"""Upper bounds of every number, list and string a VerlJob may carry (one source of truth).
+
+The API models put them into the generated CRD (the API server rejects a value past them before the webhook
+runs), and the planner applies the same bounds to values pinned through ``spec.overrides``, so the planner's
+arithmetic always works on numbers of a few digits: admission stays fast whatever the input.
+
+Each bound is far above anything verl runs today (the reason is given per bound) and low enough that the
+largest products the planner forms (``trainBatchSize x rollout.n``, tokens per GPU) stay below 2**50.
+"""
+
+from __future__ import annotations
+
+#: GPUs of one job: 2048 nodes of 8 GPUs (the largest public RL post-training runs use a few thousand).
+MAX_GPUS = 16_384
+#: GPUs on one node (8 today; 72 on a GB200 NVL72 rack seen as one node by some drivers).
+MAX_GPUS_PER_NODE = 128
+#: Prompts per step, mini- and micro-batches (verl's examples use 8 to 8192).
+MAX_BATCH = 1_048_576
+#: Responses per prompt (GRPO examples use 4 to 64).
+MAX_ROLLOUT_N = 1_024
+#: Rollout TP, Ulysses SP and expert parallel sizes (bounded by the GPUs; 1 to 64 in practice).
+MAX_PARALLEL = 1_024
+#: Prompt, response and model lengths in tokens (the longest-context models take 10M; RL uses up to 128k).
+MAX_TOKENS = 16_777_216
+#: Token budget per GPU with dynamic batch size (verl's examples use 8k to 64k).
+MAX_TOKEN_BUDGET = 67_108_864
+#: Sequences vLLM batches (max_num_seqs; 256 by default).
+MAX_SEQS = 1_048_576
+#: Whole-cluster restarts after failures.
+MAX_BACKOFF = 1_000
+#: Seconds (ten years) for activeDeadlineSeconds and ttlSecondsAfterFinished.
+MAX_SECONDS = 315_360_000
+
+# Model architecture numbers (the largest public models have 128 layers, hidden size 16384, vocab 256k).
+MAX_LAYERS = 4_096
+MAX_HIDDEN = 1_048_576
+MAX_HEADS = 65_536
+MAX_VOCAB = 16_777_216
+MAX_EXPERTS = 65_536
+
+# Lists and strings.
+#: Raw verl overrides: verl's example scripts pass 20 to 80.
+MAX_OVERRIDES = 256
+#: One override ``key=value`` (a list of a few dozen file paths fits).
+MAX_OVERRIDE_LENGTH = 2_048
+#: Data files in trainFiles / valFiles.
+MAX_FILES = 256
+#: A path (model path, data file, checkpoint directory); Linux PATH_MAX is 4096.
+MAX_PATH = 4_096
+#: A container image reference (registries limit the repository name to 255; a digest adds 72).
+MAX_IMAGE = 1_024
+#: A Kubernetes name (DNS subdomain) or label key with prefix.
+MAX_NAME = 253
+#: A label value.
+MAX_LABEL_VALUE = 63
+#: A resource quantity such as ``512Gi``.
+MAX_QUANTITY = 64
+#: Tolerations, volumes, mounts, node selector entries.
+MAX_OBJECTS = 64
+#: Environment variables.
+MAX_ENV = 256
+
+#: A Kubernetes resource quantity without a sign (``16``, ``500m``, ``512Gi``, ``1e3``): the API server's own
+#: grammar minus the leading sign, so a negative request is rejected at admission.
+QUANTITY_PATTERN = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+
+#: Bounds ``(lowest, highest)`` of the integer inputs the planner reads, by logical input name (see
+#: ``planner.dialect``); an override outside them is a violation, never an input of the arithmetic.
+INPUT_BOUNDS: dict[str, tuple[int, int]] = {
+    "train_batch_size": (1, MAX_BATCH),
+    "rollout_n": (1, MAX_ROLLOUT_N),
+    "rollout_tp": (1, MAX_PARALLEL),
+    "sequence_parallel_size": (1, MAX_PARALLEL),
+    "critic_sequence_parallel_size": (1, MAX_PARALLEL),
+    "fsdp_size": (-1, MAX_GPUS),
+    "ppo_mini_batch_size": (1, MAX_BATCH),
+    "ppo_micro_batch_size_per_gpu": (1, MAX_BATCH),
+    "ppo_micro_batch_size_global": (1, MAX_BATCH),
+    "log_prob_micro_batch_size_per_gpu": (1, MAX_BATCH),
+    "log_prob_micro_batch_size_global": (1, MAX_BATCH),
+    "critic_ppo_micro_batch_size_per_gpu": (1, MAX_BATCH),
+    "critic_ppo_micro_batch_size_global": (1, MAX_BATCH),
+    "max_token_len_per_gpu": (1, MAX_TOKEN_BUDGET),
+    "log_prob_max_token_len_per_gpu": (1, MAX_TOKEN_BUDGET),
+    "critic_max_token_len_per_gpu": (1, MAX_TOKEN_BUDGET),
+    "max_prompt_length": (1, MAX_TOKENS),
+    "max_response_length": (1, MAX_TOKENS),
+    "max_model_len": (1, MAX_TOKENS),
+    "max_position_embeddings": (1, MAX_TOKENS),
+    "max_num_batched_tokens": (1, MAX_TOKEN_BUDGET),
+    "max_num_seqs": (1, MAX_SEQS),
+    "nnodes": (1, MAX_GPUS),
+    "n_gpus_per_node": (1, MAX_GPUS_PER_NODE),
+    "rollout_ep": (0, MAX_PARALLEL),
+    "rollout_pp": (0, MAX_PARALLEL),
+    "rollout_dp": (0, MAX_PARALLEL),
+    "lora_rank": (0, MAX_HIDDEN),
+}
+#: Bounds of integer inputs not listed above (any number the planner reads stays a few digits long).
+DEFAULT_INT_BOUNDS = (-(2**31), 2**31 - 1)
