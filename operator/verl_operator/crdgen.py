@@ -286,7 +286,7 @@ YAML11_BOOLS = frozenset(
 
 
 class _Dumper(yaml.SafeDumper):
-    """A SafeDumper that quotes YAML 1.1 boolean words (the field ``rollout.n`` must stay the key "n")."""
+    """A SafeDumper that quotes YAML 1.1 boolean words (a key such as "n" must stay a string for kubectl)."""
 
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:

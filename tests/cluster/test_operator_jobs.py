@@ -178,7 +178,7 @@ def job(name: str, gpus: int, per_node: int, **spec: Any) -> dict[str, Any]:
         "verl": {"image": IMAGE},
         "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
         "data": {"trainBatchSize": 8 * gpus},
-        "rollout": {"n": 4},
+        "rollout": {"responsesPerPrompt": 4},
         "resources": {"gpus": gpus, "gpusPerNode": per_node},
     }
     for key, value in spec.items():
@@ -302,7 +302,7 @@ def test_gb200_job_stays_inside_one_clique(jobs: Jobs) -> None:
         16,
         4,
         model={"path": "Qwen/Qwen2.5-32B-Instruct"},
-        rollout={"n": 4, "tensorParallelSize": 8},
+        rollout={"responsesPerPrompt": 4, "tensorParallelSize": 8},
         resources={"gpuProduct": "NVIDIA-GB200", "nodeSelector": {PROFILE: "gb200-two-cliques"}},
         placement={"nvlink": "required"},
     )
@@ -521,7 +521,7 @@ def admission_review(namespace: str, manifest: dict[str, Any]) -> dict[str, Any]
     [
         pytest.param(job("ok", 16, 8), True, None, id="valid"),
         pytest.param(
-            job("odd", 16, 8, data={"trainBatchSize": 100}, rollout={"n": 1}),
+            job("odd", 16, 8, data={"trainBatchSize": 100}, rollout={"responsesPerPrompt": 1}),
             False,
             "use trainBatchSize 96 or 112",
             id="batch-not-divisible",
@@ -552,7 +552,7 @@ def test_cel_rule_rejects_in_the_api_server(jobs: Jobs) -> None:
     applied = jobs.apply(job("cel", 8, 3))
     assert applied.returncode != 0
     assert "spec.resources.gpusPerNode must divide spec.resources.gpus" in applied.stderr
-    spmd = job("spmd", 8, 8, rollout={"n": 4, "mode": "spmd"})
+    spmd = job("spmd", 8, 8, rollout={"responsesPerPrompt": 4, "mode": "spmd"})
     applied = jobs.apply(spmd)
     assert applied.returncode != 0 and "spmd exists only with spec.verl.version 0.6" in applied.stderr
 

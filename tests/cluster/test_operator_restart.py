@@ -47,7 +47,7 @@ def make_job(name: str, gpus: int, **spec: Any) -> dict[str, Any]:
             "verl": {"image": "ghcr.io/example/verl:0.9.1"},
             "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
             "data": {"trainBatchSize": 8 * gpus},
-            "rollout": {"n": 4},
+            "rollout": {"responsesPerPrompt": 4},
             "resources": {"gpus": gpus, "gpusPerNode": 8, "nodeSelector": {PROFILE: "dgx-h100"}},
             **spec,
         },
@@ -118,7 +118,7 @@ def test_without_the_webhook_the_controller_marks_an_invalid_job(
     operator = LocalOperator(devcluster.kubeconfig, tmp_path, webhook_name=None)
     operator.start()
     try:
-        bad = make_job("bad", 16, data={"trainBatchSize": 100}, rollout={"n": 1})
+        bad = make_job("bad", 16, data={"trainBatchSize": 100}, rollout={"responsesPerPrompt": 1})
         applied = kubectl(["apply", "-n", namespace, "-f", "-"], input=json.dumps(bad))
         assert applied.returncode == 0, "no webhook: the API server admits it"
         status = wait_for(

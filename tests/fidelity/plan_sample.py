@@ -108,7 +108,7 @@ def draw(rng: random.Random, index: int) -> Draw:
         if raw:
             overrides.append(f"actor_rollout_ref.rollout.n={n}")
         else:
-            rollout["n"] = n
+            rollout["responsesPerPrompt"] = n
     tp = _maybe(rng, 0.25, rng.choice((1, 2, 4, 8)))
     if tp is not None:
         if raw:

@@ -39,7 +39,7 @@ def spec(**sections: Any) -> dict[str, Any]:
         "verl": {"image": "example.com/verl:0.9.1"},
         "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
         "data": {"trainBatchSize": 64},
-        "rollout": {"n": 4},
+        "rollout": {"responsesPerPrompt": 4},
         "resources": {"gpus": 16, "gpusPerNode": 8},
     }
     doc.update(sections)
@@ -62,18 +62,18 @@ def nested(depth: int) -> Any:
     [
         # Sizes that took the planner 68 s, forever (a large prime) or 2.6 GB: the schema maximum answers.
         pytest.param(
-            spec(data={"trainBatchSize": 10**18}, rollout={"n": 1}),
+            spec(data={"trainBatchSize": 10**18}, rollout={"responsesPerPrompt": 1}),
             f"spec.data.trainBatchSize: Input should be less than or equal to {limits.MAX_BATCH}",
             id="train-batch-1e18",
         ),
         pytest.param(
-            spec(data={"trainBatchSize": 1000000007}, rollout={"n": 1}),
+            spec(data={"trainBatchSize": 1000000007}, rollout={"responsesPerPrompt": 1}),
             "spec.data.trainBatchSize: Input should be less than or equal to",
             id="train-batch-prime-1e9",
         ),
         # The largest prime below the maximum plans at once with suggestions (no linear scan).
         pytest.param(
-            spec(data={"trainBatchSize": 1048573}, rollout={"n": 1}),
+            spec(data={"trainBatchSize": 1048573}, rollout={"responsesPerPrompt": 1}),
             "use trainBatchSize 1048560 or 1048576",
             id="train-batch-large-prime",
         ),
@@ -190,7 +190,7 @@ L4 = make_nodes(16, gpus=4, prefix="l4", product="NVIDIA-L4", memory_mib=23034)
 LARGE_SEARCH = spec(
     model={"path": "Qwen/Qwen2.5-72B-Instruct"},
     data={"trainBatchSize": 720720, "maxResponseLength": 30000},
-    rollout={"n": 16},
+    rollout={"responsesPerPrompt": 16},
     resources={"gpus": 64},
 )
 
@@ -298,7 +298,7 @@ def test_parse_value_keeps_shallow_lists_and_long_enough_integers() -> None:
         pytest.param(("resources", "gpus"), limits.MAX_GPUS, id="gpus"),
         pytest.param(("data", "trainBatchSize"), limits.MAX_BATCH, id="train-batch"),
         pytest.param(("data", "maxResponseLength"), limits.MAX_TOKENS, id="response-length"),
-        pytest.param(("rollout", "n"), limits.MAX_ROLLOUT_N, id="rollout-n"),
+        pytest.param(("rollout", "responsesPerPrompt"), limits.MAX_ROLLOUT_N, id="responses-per-prompt"),
         pytest.param(("batching", "ppoMicroBatchSizePerGpu"), limits.MAX_BATCH, id="micro"),
     ],
 )
@@ -343,3 +343,38 @@ def test_cli_bad_file_exits_2_without_traceback(
     assert "Traceback" not in err
     if command == "plan" or "documents" not in message:
         assert message in err, err
+
+
+# Field names kubectl cannot misread.
+
+
+def _property_names(schema: dict[str, Any], where: str = "spec") -> list[tuple[str, str]]:
+    out = []
+    for name, sub in (schema.get("properties") or {}).items():
+        out.append((f"{where}.{name}", name))
+        out += _property_names(sub, f"{where}.{name}")
+    if "items" in schema:
+        out += _property_names(schema["items"], f"{where}[]")
+    return out
+
+
+def test_no_field_name_is_a_yaml11_boolean() -> None:
+    from verl_operator.crdgen import YAML11_BOOLS
+
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    names = _property_names(schema)
+    assert ("spec.spec.rollout.responsesPerPrompt", "responsesPerPrompt") in names
+    assert [path for path, name in names if name in YAML11_BOOLS] == []
+
+
+def test_the_old_rollout_n_key_is_an_unknown_field() -> None:
+    problems = admission_problems(spec(rollout={"n": 4}), None, NODES)
+    assert any(p.startswith("spec.rollout.n: Extra inputs are not permitted") for p in problems), problems
+
+
+def test_responses_per_prompt_describes_verls_rollout_n() -> None:
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert (
+        "verl's rollout.n"
+        in schema["properties"]["rollout"]["properties"]["responsesPerPrompt"]["description"]
+    )

@@ -20,7 +20,7 @@ def spec(**sections: Any) -> dict[str, Any]:
         "verl": {"image": "example.com/verl:0.9.1"},
         "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
         "data": {"trainBatchSize": 64},
-        "rollout": {"n": 4},
+        "rollout": {"responsesPerPrompt": 4},
         "resources": {"gpus": 16, "gpusPerNode": 8},
     }
     doc.update(sections)
@@ -32,7 +32,7 @@ def spec(**sections: Any) -> dict[str, Any]:
     [
         pytest.param(spec(), None, None, id="valid-create"),
         pytest.param(
-            spec(data={"trainBatchSize": 100}, rollout={"n": 1}),
+            spec(data={"trainBatchSize": 100}, rollout={"responsesPerPrompt": 1}),
             None,
             "use trainBatchSize 96 or 112",
             id="batch",

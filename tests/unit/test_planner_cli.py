@@ -78,7 +78,9 @@ def test_json_contract_feasible(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_json_contract_infeasible(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = job(tmp_path, resources={"gpus": 6}, data={"trainBatchSize": 64}, rollout={"n": 1})
+    path = job(
+        tmp_path, resources={"gpus": 6}, data={"trainBatchSize": 64}, rollout={"responsesPerPrompt": 1}
+    )
     code = run_plan(["-f", path, "--nodes", node_list(tmp_path), "-o", "json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 1
@@ -100,7 +102,9 @@ def test_table_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_table_output_infeasible(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = job(tmp_path, resources={"gpus": 6}, data={"trainBatchSize": 64}, rollout={"n": 1})
+    path = job(
+        tmp_path, resources={"gpus": 6}, data={"trainBatchSize": 64}, rollout={"responsesPerPrompt": 1}
+    )
     code = run_plan(["-f", path, "--nodes", node_list(tmp_path)])
     out = capsys.readouterr().out
     assert code == 1

@@ -46,7 +46,7 @@ def jobs(draw: st.DrawFn) -> tuple[Any, list[dict[str, Any]]]:
     kw["data"] = data
     rollout: dict[str, Any] = {}
     if draw(st.booleans()):
-        rollout["n"] = draw(st.integers(1, 8))
+        rollout["responsesPerPrompt"] = draw(st.integers(1, 8))
     if draw(st.booleans()):
         rollout["tensorParallelSize"] = draw(st.sampled_from([1, 2, 4]))
     kw["rollout"] = rollout
@@ -152,7 +152,7 @@ def check_pins_kept(spec: Any, plan: dict[str, Any]) -> None:
     """Pinned values are never silently changed."""
     pins = [
         (spec.data.train_batch_size, plan["batching"]["trainBatchSize"]),
-        (spec.rollout.n, plan["batching"]["rolloutN"]),
+        (spec.rollout.responses_per_prompt, plan["batching"]["rolloutN"]),
         (spec.rollout.tensor_parallel_size, plan["rollout"]["tensorParallelSize"]),
         (spec.parallelism.sequence_parallel_size, plan["sequenceParallelSize"]),
         (spec.batching.ppo_mini_batch_size, plan["batching"]["ppoMiniBatchSize"]),

@@ -146,7 +146,7 @@ def test_excluded_nodes_are_reported() -> None:
             id="unknown-model",
         ),
         pytest.param(
-            {"gpus": 6, "data": {"trainBatchSize": 64}, "rollout": {"n": 1}},
+            {"gpus": 6, "data": {"trainBatchSize": 64}, "rollout": {"responsesPerPrompt": 1}},
             make_nodes(1),
             "batch-divisible-by-world",
             id="issue-example",
@@ -179,7 +179,7 @@ def test_excluded_nodes_are_reported() -> None:
             id="trainer-nnodes-disagrees",
         ),
         pytest.param(
-            {"gpus": 8, "rollout": {"n": 4}, "overrides": ["actor_rollout_ref.rollout.n=5"]},
+            {"gpus": 8, "rollout": {"responsesPerPrompt": 4}, "overrides": ["actor_rollout_ref.rollout.n=5"]},
             make_nodes(1),
             "override-conflict",
             id="override-vs-field",
@@ -319,7 +319,9 @@ def test_kv_cache_shortfall_suggests_a_tp_that_fits() -> None:
 
 def test_mini_batch_without_a_fitting_divisor_pads() -> None:
     # 60 prompts, n 1, 8 GPUs, dynamic batch size: no divisor of 60 splits over 8 ranks; 16 is closest to 15.
-    spec = make_spec(8, data={"trainBatchSize": 60}, rollout={"n": 1}, batching={"dynamicBatchSize": True})
+    spec = make_spec(
+        8, data={"trainBatchSize": 60}, rollout={"responsesPerPrompt": 1}, batching={"dynamicBatchSize": True}
+    )
     result = plan_job(spec, make_nodes(1))
     plan = feasible(result)
     assert plan.batching.ppo_mini_batch_size == 16

@@ -221,11 +221,14 @@ class RolloutSpec(_Model):
         default=None,
         description="spmd (verl <= 0.6, rollout.mode=sync) or server (verl >= 0.7); defaults to the version's.",
     )
-    n: int | None = Field(
+    responses_per_prompt: int | None = Field(
         default=None,
         ge=1,
         le=L.MAX_ROLLOUT_N,
-        description="Responses per prompt (actor_rollout_ref.rollout.n).",
+        description=(
+            "Responses sampled per prompt: verl's rollout.n (actor_rollout_ref.rollout.n). Named in full because "
+            "YAML 1.1 readers such as kubectl take a bare n key for the boolean false."
+        ),
     )
     tensor_parallel_size: int | None = Field(
         default=None,
@@ -261,7 +264,7 @@ class BatchingSpec(_Model):
         default=None,
         ge=1,
         le=L.MAX_BATCH,
-        description="Prompts per PPO mini-batch (actor.ppo_mini_batch_size), before x rollout.n.",
+        description="Prompts per PPO mini-batch (actor.ppo_mini_batch_size), before x responsesPerPrompt (verl's rollout.n).",
     )
     ppo_micro_batch_size_per_gpu: int | None = Field(
         default=None,

@@ -128,7 +128,7 @@ _SPEC_FIELDS: dict[str, tuple[str, Callable[[VerlJobSpec], Any]]] = {
         ),
     ),
     "n_gpus_per_node": ("spec.resources.gpusPerNode", lambda s: s.resources.gpus_per_node),
-    "rollout_n": ("spec.rollout.n", lambda s: s.rollout.n),
+    "rollout_n": ("spec.rollout.responsesPerPrompt", lambda s: s.rollout.responses_per_prompt),
     "rollout_tp": ("spec.rollout.tensorParallelSize", lambda s: s.rollout.tensor_parallel_size),
     "gpu_memory_utilization": (
         "spec.rollout.gpuMemoryUtilization",
