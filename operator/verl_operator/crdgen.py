@@ -67,6 +67,47 @@ ROOT_RULES: tuple[dict[str, str], ...] = (
     },
 )
 
+#: Phases in which the job has (or is creating) Ray pods built from the current spec.
+ACTIVE_PHASES = ("Starting", "Running")
+#: Spec fields that may change while the job is Starting or Running; they take effect at once (suspend deletes
+#: the pods, the rest are read at each reconcile pass). Every other field is immutable then.
+MUTABLE_WHILE_RUNNING = frozenset(
+    {"suspend", "backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished"}
+)
+
+
+def immutable_field_rules() -> tuple[dict[str, str], ...]:
+    """CEL transition rules (on the root) that keep the pod-shaping spec fields fixed while the job runs.
+
+    A field may still change in the update that sets ``suspend: true`` (or any later one): the pods are
+    deleted, and resuming plans the new spec and restarts from the last checkpoint.
+    """
+    active = ", ".join(f"'{p}'" for p in ACTIVE_PHASES)
+    guard = (
+        f"!has(oldSelf.status) || !has(oldSelf.status.phase) || !(oldSelf.status.phase in [{active}]) || "
+        "(has(self.spec.suspend) && self.spec.suspend)"
+    )
+    rules = []
+    for field in VerlJobSpec.model_json_schema(by_alias=True)["properties"]:
+        if field in MUTABLE_WHILE_RUNNING:
+            continue
+        same = (
+            f"(has(self.spec.{field}) ? has(oldSelf.spec.{field}) && self.spec.{field} == oldSelf.spec.{field} "
+            f": !has(oldSelf.spec.{field}))"
+        )
+        rules.append(
+            {
+                "rule": f"{guard} || {same}",
+                "message": (
+                    f"spec.{field} cannot change while the job is Starting or Running: set spec.suspend: true "
+                    "(in the same or an earlier update; resuming plans the new spec and restarts from the last "
+                    "checkpoint), or delete and recreate the job"
+                ),
+                "fieldPath": f".spec.{field}",
+            }
+        )
+    return tuple(rules)
+
 
 def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if "$ref" in schema:
@@ -235,7 +276,7 @@ def build_crd() -> dict[str, Any]:
         "type": "object",
         "description": "A verl RL post-training job: planned, validated and placed on NVLink-correct nodes.",
         "required": ["spec"],
-        "x-kubernetes-validations": list(ROOT_RULES),
+        "x-kubernetes-validations": [*ROOT_RULES, *immutable_field_rules()],
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of the object."},
             "kind": {"type": "string", "description": "Kind of the object."},

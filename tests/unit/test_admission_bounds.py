@@ -378,3 +378,61 @@ def test_responses_per_prompt_describes_verls_rollout_n() -> None:
         "verl's rollout.n"
         in schema["properties"]["rollout"]["properties"]["responsesPerPrompt"]["description"]
     )
+
+
+# Suspend is validated like any other update; pod-shaping fields are immutable while the job runs.
+
+
+@pytest.mark.parametrize(
+    ("new", "old", "fragments"),
+    [
+        pytest.param(
+            spec(suspend=True, resources={"gpus": 10000, "gpusPerNode": 8}, overrides=["not an override"]),
+            spec(),
+            ["spec.overrides[0]: 'not an override'"],
+            id="suspend-with-garbage",
+        ),
+        pytest.param(
+            spec(suspend=True, resources={"gpus": 10000, "gpusPerNode": 8}),
+            spec(),
+            ["spec.resources.gpus: 10000 GPUs at 8 per node do not fit"],
+            id="suspend-with-10000-gpus",
+        ),
+        pytest.param(
+            spec(suspend=True, data={"trainBatchSize": 100}, rollout={"responsesPerPrompt": 1}),
+            spec(suspend=True),
+            ["use trainBatchSize 96 or 112"],
+            id="edit-while-suspended",
+        ),
+        pytest.param(spec(suspend=True), spec(), [], id="suspend-only"),
+        pytest.param(
+            spec(resources={"gpus": 64}), spec(resources={"gpus": 64}, suspend=True), [], id="resume-only"
+        ),
+        pytest.param(
+            spec(suspend=True, data={"trainBatchSize": 128}), spec(), [], id="suspend-with-valid-change"
+        ),
+    ],
+)
+def test_suspend_updates_are_validated(
+    new: dict[str, Any], old: dict[str, Any], fragments: list[str]
+) -> None:
+    problems = admission_problems(new, old, NODES)
+    if not fragments:
+        assert problems == []
+    for fragment in fragments:
+        assert any(fragment in p for p in problems), problems
+
+
+def test_every_pod_shaping_field_has_an_immutability_rule() -> None:
+    from verl_operator.crdgen import MUTABLE_WHILE_RUNNING
+
+    root = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    guarded = {
+        r["fieldPath"] for r in root["x-kubernetes-validations"] if "cannot change while" in r["message"]
+    }
+    fields = set(root["properties"]["spec"]["properties"])
+    assert guarded == {f".spec.{f}" for f in fields - MUTABLE_WHILE_RUNNING}
+    assert {
+        "suspend",
+        "backoffLimit",
+    } <= MUTABLE_WHILE_RUNNING and "resources" in fields - MUTABLE_WHILE_RUNNING

@@ -45,8 +45,10 @@ def admission_problems(
     """Why a VerlJob must be denied (empty: admit).
 
     The spec is parsed by the API models (a field error names its path) and planned against the current
-    nodes, within ``PLAN_SECONDS`` on ``clock``. An update that leaves the spec unchanged, or only suspends
-    the job, is admitted without planning. Never raises: an unexpected error is a problem naming ``spec``.
+    nodes, within ``PLAN_SECONDS`` on ``clock``. An update that leaves the spec unchanged, or changes only
+    ``suspend`` (pausing or resuming, which must work whatever the cluster holds today), is admitted without
+    planning; any other update is checked in full, suspended or not. Never raises: an unexpected error is a
+    problem naming ``spec``.
 
     Args:
         spec: The new ``spec``.
@@ -71,14 +73,12 @@ def _problems(
     clock: Callable[[], float],
 ) -> list[str]:
     plain = json.loads(json.dumps(dict(spec or {})))  # plain types (kopf hands in mapping views)
-    if old_spec is not None and dict(old_spec) == plain:
+    if old_spec is not None and _without_suspend(old_spec) == _without_suspend(plain):
         return []
     try:
         parsed = VerlJobSpec.model_validate(plain)
     except ValidationError as exc:
         return [f"{field_path(e['loc'])}: {e['msg']}" for e in exc.errors()]
-    if parsed.suspend and old_spec is not None:
-        return []
     budget = Budget(clock=clock, deadline=clock() + PLAN_SECONDS)
     result = plan_job(parsed, list(nodes), budget=budget)
     if result.feasible:
@@ -87,6 +87,10 @@ def _problems(
         f"{v.field}: {v.message}" + (f" (suggestions: {'; '.join(v.suggestions)})" if v.suggestions else "")
         for v in result.violations
     ]
+
+
+def _without_suspend(spec: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if k != "suspend"}
 
 
 def write_self_signed(
