@@ -119,7 +119,7 @@ def test_building_without_go_says_what_to_do(isolated: Path, monkeypatch: pytest
 
 def test_unknown_binary() -> None:
     with pytest.raises(KeyError):
-        binaries.find("kubelet")
+        binaries.find("dockerd")
 
 
 def test_every_binary_has_a_group_and_a_version() -> None:
@@ -129,6 +129,9 @@ def test_every_binary_has_a_group_and_a_version() -> None:
         "kube-scheduler",
         "kubectl",
         "etcd",
+        "kubelet",
+        "kube-proxy",
+        "coredns",
         "kwok",
         "helm",
     }

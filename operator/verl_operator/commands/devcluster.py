@@ -9,9 +9,11 @@ import sys
 
 from verl_operator.devcluster import DevCluster, DevClusterError, ProfileError, binaries
 from verl_operator.devcluster.binaries import BinaryError
+from verl_operator.devcluster.imagebuild import ImageBuildError
 from verl_operator.devcluster.layout import COMPONENTS
 from verl_operator.devcluster.nodes import format_table
 from verl_operator.devcluster.profiles import DEFAULT_PROFILE, available_profiles
+from verl_operator.devcluster.realnodes import RealNodeError
 
 _ALL_BINARIES: tuple[str, ...] = (*COMPONENTS, "kubectl", "helm")
 
@@ -40,6 +42,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=DEFAULT_PROFILE,
         help=f"profile name ({', '.join(available_profiles())}) or a YAML path (default: %(default)s)",
     )
+    up.add_argument(
+        "--real-nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run N (>= 2) real kubelet nodes with containerd that run real containers (root; see "
+        "docs/devcluster.md); fixed when the instance is first created",
+    )
+    up.add_argument(
+        "--real-node-gpus",
+        type=int,
+        default=2,
+        metavar="G",
+        help="nvidia.com/gpu capacity each real node advertises (default: %(default)s)",
+    )
     up.set_defaults(func=_up)
 
     down = named("down", "stop every process of the instance and remove its files")
@@ -67,10 +84,15 @@ def _error(message: str) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    cluster = DevCluster(name=args.name, profile=args.profile)
     try:
+        cluster = DevCluster(
+            name=args.name,
+            profile=args.profile,
+            real_nodes=args.real_nodes,
+            real_node_gpus=args.real_node_gpus,
+        )
         cluster.up()
-    except (DevClusterError, ProfileError, BinaryError, TimeoutError) as exc:
+    except (DevClusterError, ProfileError, BinaryError, TimeoutError, RealNodeError, ImageBuildError) as exc:
         return _error(str(exc))
     print(f"kubeconfig: {cluster.kubeconfig}")
     print(f"use it:     export KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}")

@@ -20,9 +20,10 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from verl_operator.devcluster import binaries, health, instance_files, nodes, process
+from verl_operator.devcluster import binaries, health, hostchanges, instance_files, nodes, process, realnodes
 from verl_operator.devcluster.layout import COMPONENTS, Layout, apiserver_url, component_argv
 from verl_operator.devcluster.locking import file_lock
+from verl_operator.devcluster.nodenet import NodeNetwork, plan_network
 from verl_operator.devcluster.ports import PORT_NAMES, pick_free_ports, port_is_free
 from verl_operator.devcluster.profiles import DEFAULT_PROFILE, Profile, load_profile
 from verl_operator.devcluster.status import ComponentStatus, DevClusterStatus
@@ -48,6 +49,9 @@ class DevCluster:
         print(cluster.kubeconfig)    # admin kubeconfig
         cluster.apply_profile("l40s")
         cluster.down()               # stops every process, removes the instance directory
+
+    With ``real_nodes=N`` (N >= 2), ``up()`` also starts N real kubelet nodes (containerd, kubelet,
+    kube-proxy, cluster DNS) that run real containers; ``down()`` undoes every host change they made.
     """
 
     def __init__(
@@ -56,6 +60,8 @@ class DevCluster:
         profile: str = DEFAULT_PROFILE,
         base_dir: Path | None = None,
         progress: binaries.Progress | None = None,
+        real_nodes: int = 0,
+        real_node_gpus: int = 2,
     ) -> None:
         """Describe an instance (nothing is started).
 
@@ -64,9 +70,19 @@ class DevCluster:
             profile: The profile ``up()`` applies: a name from ``examples/clusters`` or a YAML path.
             base_dir: The instance directory (default ``<cache>/devclusters/<name>``).
             progress: Receives progress lines (default: stderr).
+            real_nodes: Real kubelet nodes to run beside the kwok nodes (0, or at least 2).
+            real_node_gpus: ``nvidia.com/gpu`` capacity each real node advertises.
         """
         if not _INSTANCE_NAME.match(name):
             raise DevClusterError(f"instance name {name!r} must be lowercase letters, digits and '-'")
+        if real_nodes == 1 or real_nodes < 0:
+            raise DevClusterError(
+                f"real_nodes is {real_nodes}: use 0 or at least 2 (a head and a worker node)"
+            )
+        if not 1 <= real_node_gpus <= 8:
+            raise DevClusterError(f"real_node_gpus is {real_node_gpus}: use 1 to 8 GPUs per node")
+        self.real_nodes = real_nodes
+        self.real_node_gpus = real_node_gpus
         self.name = name
         self.profile = profile
         self.layout = Layout(base_dir or cache_dir() / "devclusters" / name)
@@ -107,6 +123,19 @@ class DevCluster:
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
+    def network(self) -> NodeNetwork | None:
+        """The real-node network of the instance (None without real nodes)."""
+        saved = self._state().get("network")
+        if not saved:
+            return None
+        return NodeNetwork(**{**saved, "node_ips": tuple(saved["node_ips"])})
+
+    @property
+    def api_host(self) -> str:
+        """The address the API server listens on: 127.0.0.1, or the real-node bridge's address."""
+        network = self.network()
+        return network.api_ip if network else "127.0.0.1"
+
     def running_components(self) -> dict[str, bool]:
         """Whether each component's saved pid still runs its binary."""
         state = self._state()
@@ -120,7 +149,7 @@ class DevCluster:
         """Every component runs and the API server answers ``/readyz``."""
         state = self._state()
         return all(self.running_components().values()) and health.apiserver_ready(
-            state.get("ports", {}), self.layout.pki
+            state.get("ports", {}), self.layout.pki, self.api_host
         )
 
     def up(self, profile: str | None = None, timeout: float = START_TIMEOUT) -> DevCluster:
@@ -145,11 +174,49 @@ class DevCluster:
             if all(self.running_components().values()):
                 # Already running: wait for the API (it may be busy) rather than restarting anything.
                 self._wait_healthy("kube-apiserver", self.pids()["kube-apiserver"], self.ports(), timeout)
-                self._say(f"already running ({apiserver_url(self.ports())})")
+                self._say(f"already running ({apiserver_url(self.ports(), self.api_host)})")
             else:
                 self._start(timeout)
             self.apply_profile(loaded)
+            if self.network() is not None:
+                self._start_real_nodes(loaded)
         return self
+
+    def _plan_network(self, state: dict[str, Any]) -> NodeNetwork | None:
+        network = self.network()
+        if self.real_nodes and network is None:
+            if self.layout.pki.is_dir():
+                raise DevClusterError(
+                    f"devcluster {self.name!r} was created without real nodes: "
+                    f"`verl-operator devcluster down --name {self.name}` it first"
+                )
+            network = plan_network(self.name, self.real_nodes, hostchanges.networks_in_use())
+            state["network"] = {**network.__dict__, "node_ips": list(network.node_ips)}
+        elif network is not None and self.real_nodes > len(network.node_ips):
+            raise DevClusterError(
+                f"devcluster {self.name!r} was created with {len(network.node_ips)} real nodes: "
+                "`down` it to change the number"
+            )
+        return network
+
+    def _start_real_nodes(self, profile: Profile) -> None:
+        network = self.network()
+        assert network is not None  # planned by _start
+        state = self._state()
+        with self.api_client() as api:
+            realnodes.start(
+                layout=self.layout,
+                name=self.name,
+                network=network,
+                count=len(network.node_ips),
+                gpus=self.real_node_gpus,
+                profile=profile,
+                ports=state["ports"],
+                state=state,
+                save=lambda: self._save_state(state),
+                api=api,
+                say=self._say,
+            )
 
     def _lock_path(self) -> Path:
         return self.layout.base.parent / f".{self.name}.lock"
@@ -166,19 +233,30 @@ class DevCluster:
             self._stop_processes()
         paths = binaries.ensure(COMPONENTS, progress=self._say)
         state = self._state()
+        network = self._plan_network(state)
+        if network is not None:
+            realnodes.ensure_host_packages(self._say)
+            realnodes.claim(self.layout, self.name)
         ports = self._ports(state)
         state.update({"name": self.name, "ports": ports, "processes": {}})
         self._save_state(state)
+        if network is not None:
+            realnodes.create_network(network, state)
+            self._save_state(state)
+        host = network.api_ip if network else "127.0.0.1"
         for directory in (self.layout.logs, self.layout.etcd_data):
             directory.mkdir(parents=True, exist_ok=True)
         self.layout.etcd_data.chmod(0o700)
-        instance_files.write_pki(self.layout, self.name)
-        instance_files.write_kubeconfigs(self.layout, self.name, ports)
+        if network is None:
+            instance_files.write_pki(self.layout, self.name)
+        else:
+            instance_files.write_pki(self.layout, self.name, (network.kubernetes_service_ip, network.api_ip))
+        instance_files.write_kubeconfigs(self.layout, self.name, ports, host)
         instance_files.write_kwok_config(self.layout)
         started = time.monotonic()
         try:
             for component in COMPONENTS:
-                argv = component_argv(component, paths[component], self.layout, ports, self.name)
+                argv = component_argv(component, paths[component], self.layout, ports, self.name, network)
                 pid = process.start(argv, self.layout.log(component), self.layout.base)
                 state["processes"][component] = {
                     "pid": pid,
@@ -191,7 +269,7 @@ class DevCluster:
         except BaseException:
             self._stop_processes()
             raise
-        self._say(f"control plane ready in {time.monotonic() - started:.1f}s at {apiserver_url(ports)}")
+        self._say(f"control plane ready in {time.monotonic() - started:.1f}s at {apiserver_url(ports, host)}")
 
     def _fail(self, component: str, why: str) -> DevClusterError:
         log = self.layout.log(component)
@@ -203,7 +281,7 @@ class DevCluster:
         while time.monotonic() < deadline:
             if not process.alive(pid):
                 raise self._fail(component, "exited during start")
-            if health.component_healthy(component, ports, self.layout.pki):
+            if health.component_healthy(component, ports, self.layout.pki, self.api_host):
                 return
             time.sleep(0.2)
         raise self._fail(component, f"did not become healthy within {timeout:.0f}s")
@@ -237,12 +315,31 @@ class DevCluster:
     def down(self) -> None:
         """Stop every process of the instance (by pid, waiting for each) and remove its directory."""
         with self._instance_lock():
+            problems = self._stop_real_nodes()
             self._stop_processes()
+            if problems:
+                self._say("could not undo: " + "; ".join(problems))
             if self.layout.base.exists():
+                hostchanges.unmount_below(self.layout.base)
                 shutil.rmtree(self.layout.base)
             # Nothing of the instance is left, not even its lock file (removed while still held).
             self._lock_path().unlink(missing_ok=True)
         self._say("stopped and removed")
+
+    def _stop_real_nodes(self) -> list[str]:
+        state = self._state()
+        if not (state.get("node_processes") or state.get("host")):
+            if self.network() is not None:
+                realnodes.release(self.layout)
+            return []
+        api = None
+        if self.is_running():
+            api = self.api_client()
+        try:
+            return realnodes.stop(self.layout, state, api, lambda: self._save_state(state), self._say)
+        finally:
+            if api is not None:
+                api.close()  # type: ignore[no-untyped-call]
 
     # -- clients and nodes -------------------------------------------------------------------------------
 
@@ -312,7 +409,9 @@ class DevCluster:
             )
             for c in COMPONENTS
         )
-        up = all(running.values()) and health.apiserver_ready(state.get("ports", {}), self.layout.pki)
+        up = all(running.values()) and health.apiserver_ready(
+            state.get("ports", {}), self.layout.pki, self.api_host
+        )
         rows: tuple[nodes.NodeRow, ...] = ()
         if up and with_nodes:
             with self.api_client() as api:
@@ -321,7 +420,7 @@ class DevCluster:
             name=self.name,
             directory=self.layout.base,
             running=up,
-            server=apiserver_url(state["ports"]) if "ports" in state else None,
+            server=apiserver_url(state["ports"], self.api_host) if "ports" in state else None,
             kubeconfig=self.layout.kubeconfig if self.layout.kubeconfig.is_file() else None,
             profiles=tuple(state.get("profiles", [])),
             components=components,

@@ -19,7 +19,9 @@ from pathlib import Path
 from verl_operator.devcluster import gomod
 from verl_operator.devcluster.locking import file_lock
 from verl_operator.devcluster.tools import (
+    COREDNS,
     KUBERNETES,
+    KUBERNETES_NODE,
     MARKER,
     BinaryError,
     Progress,
@@ -69,14 +71,23 @@ def _module_go_mod(go: str, module: str, version: str, env: dict[str, str]) -> s
 
 def _write_module(group: ToolGroup, workdir: Path, go: str, env: dict[str, str]) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
-    if group is KUBERNETES:
+    if group in (KUBERNETES, KUBERNETES_NODE):
         k8s_mod = _module_go_mod(go, "k8s.io/kubernetes", KUBERNETES_VERSION, env)
         text = gomod.kubernetes_tools_go_mod(
             k8s_mod, KUBERNETES_VERSION, ETCD_VERSION, go_directive=gomod.go_directive(k8s_mod)
         )
-        (workdir / "tools.go").write_text(gomod.KUBERNETES_TOOLS_GO)
-        (workdir / "etcd").mkdir(exist_ok=True)
-        (workdir / "etcd" / "main.go").write_text(gomod.ETCD_MAIN_GO)
+        if group is KUBERNETES_NODE:
+            (workdir / "tools.go").write_text(gomod.KUBERNETES_NODE_TOOLS_GO)
+        else:
+            (workdir / "tools.go").write_text(gomod.KUBERNETES_TOOLS_GO)
+            (workdir / "etcd").mkdir(exist_ok=True)
+            (workdir / "etcd" / "main.go").write_text(gomod.ETCD_MAIN_GO)
+    elif group is COREDNS:
+        module = "github.com/coredns/coredns"
+        tool_mod = _module_go_mod(go, module, group.version, env)
+        text = gomod.single_tool_go_mod(module, group.version, go_directive=gomod.go_directive(tool_mod))
+        (workdir / "coredns").mkdir(exist_ok=True)
+        (workdir / "coredns" / "main.go").write_text(gomod.coredns_main_go())
     else:
         tool = group.tools[0]
         module = tool.package.rsplit("/cmd/", 1)[0]
@@ -90,7 +101,7 @@ def build_group(group: ToolGroup, root: Path, progress: Progress) -> Path:
     """Build every binary of a group into its cache directory and write the completion marker.
 
     Args:
-        group: :data:`KUBERNETES`, :data:`KWOK` or :data:`HELM`.
+        group: :data:`KUBERNETES`, :data:`KUBERNETES_NODE`, :data:`KWOK` or :data:`HELM`.
         root: The cache root.
         progress: Called with one line per step.
 

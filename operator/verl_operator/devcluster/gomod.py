@@ -102,6 +102,17 @@ import (
 )
 """
 
+#: The node agents (kubelet, kube-proxy) of the real-node tier, in a module of their own.
+KUBERNETES_NODE_TOOLS_GO = """//go:build tools
+
+package tools
+
+import (
+\t_ "k8s.io/kubernetes/cmd/kube-proxy"
+\t_ "k8s.io/kubernetes/cmd/kubelet"
+)
+"""
+
 #: etcd has no importable ``main`` package: this one calls its entry point.
 ETCD_MAIN_GO = """package main
 
@@ -139,3 +150,21 @@ def single_tool_go(package: str) -> str:
         Go source text.
     """
     return f'//go:build tools\n\npackage tools\n\nimport _ "{package}"\n'
+
+
+#: Plugins of the real-node tier's CoreDNS, in the order they run (CoreDNS's own ``plugin.cfg`` order).
+COREDNS_PLUGINS: tuple[str, ...] = ("bind", "ready", "health", "errors", "kubernetes")
+
+
+def coredns_main_go(plugins: tuple[str, ...] = COREDNS_PLUGINS) -> str:
+    """A CoreDNS ``main`` with only ``plugins`` compiled in (CoreDNS's documented way to pick plugins)."""
+    imports = "".join(f'\t_ "github.com/coredns/coredns/plugin/{p}"\n' for p in plugins)
+    directives = ", ".join(f'"{p}"' for p in plugins)
+    return (
+        "package main\n\nimport (\n"
+        '\t"github.com/coredns/coredns/core/dnsserver"\n'
+        '\t"github.com/coredns/coredns/coremain"\n'
+        f"{imports})\n\n"
+        f"func init() {{ dnsserver.Directives = []string{{{directives}}} }}\n\n"
+        "func main() { coremain.Run() }\n"
+    )

@@ -25,27 +25,28 @@ def http_status(url: str, context: ssl.SSLContext | None, timeout: float = 2.0) 
         return None
 
 
-def apiserver_ready(ports: dict[str, int], pki: Path) -> bool:
+def apiserver_ready(ports: dict[str, int], pki: Path, host: str = "127.0.0.1") -> bool:
     """Whether the API server answers ``/readyz`` with 200 to the admin client certificate."""
     if "apiserver" not in ports or not (pki / "admin.crt").is_file():
         return False
     context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
     context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-    return http_status(f"{apiserver_url(ports)}/readyz", context) == 200
+    return http_status(f"{apiserver_url(ports, host)}/readyz", context) == 200
 
 
-def component_healthy(component: str, ports: dict[str, int], pki: Path) -> bool:
+def component_healthy(component: str, ports: dict[str, int], pki: Path, host: str = "127.0.0.1") -> bool:
     """Whether a component reports itself healthy.
 
     Args:
         component: One of ``layout.COMPONENTS``.
         ports: The instance's ports.
         pki: The instance's PKI directory (for the API server's client certificate).
+        host: The API server's address.
     """
     if component == "etcd":
         return http_status(f"http://127.0.0.1:{ports['etcd_client']}/health", None) == 200
     if component == "kube-apiserver":
-        return apiserver_ready(ports, pki)
+        return apiserver_ready(ports, pki, host)
     if component in _SELF_SIGNED_HEALTHZ:
         # Their serving certificates are generated in memory; only loopback is contacted.
         insecure = ssl.create_default_context()

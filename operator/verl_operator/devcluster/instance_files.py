@@ -20,12 +20,15 @@ IDENTITIES: dict[str, tuple[str, str | None]] = {
 _PKI_COMPLETE = ".complete"
 
 
-def write_pki(layout: Layout, name: str) -> None:
+def write_pki(layout: Layout, name: str, extra_ips: tuple[str, ...] = ("10.96.0.1",)) -> None:
     """Generate the instance's CA, serving and client certificates and keys, once.
 
     Args:
         layout: The instance's files.
         name: The instance name (in the CA's common name).
+        extra_ips: IP addresses of the API server's certificate besides 127.0.0.1: the 'kubernetes'
+            Service's ClusterIP (the first address of the service range) and, with real nodes, the address
+            the API server listens on.
     """
     pki = layout.pki
     if (pki / _PKI_COMPLETE).is_file():
@@ -38,8 +41,11 @@ def write_pki(layout: Layout, name: str) -> None:
         "apiserver",
         "kube-apiserver",
         server_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
-        # 10.96.0.1: the 'kubernetes' Service's ClusterIP (first address of the service range).
-        server_ips=("127.0.0.1", "10.96.0.1"),
+        server_ips=("127.0.0.1", *extra_ips),
+    )
+    # The API server's client certificate towards the kubelets (only real nodes have a kubelet to call).
+    certs.write_signed(
+        ca, pki, "apiserver-kubelet-client", "kube-apiserver-kubelet-client", organization="system:masters"
     )
     for who, (common_name, organization) in IDENTITIES.items():
         certs.write_signed(ca, pki, who, common_name, organization=organization)
@@ -49,14 +55,14 @@ def write_pki(layout: Layout, name: str) -> None:
     (pki / _PKI_COMPLETE).write_text("")
 
 
-def write_kubeconfigs(layout: Layout, name: str, ports: dict[str, int]) -> None:
+def write_kubeconfigs(layout: Layout, name: str, ports: dict[str, int], host: str = "127.0.0.1") -> None:
     """Write the admin kubeconfig and one per component (the API server's port may change between starts)."""
     pki = layout.pki
     cluster_name = f"verl-devcluster-{name}"
     for who, (common_name, _) in IDENTITIES.items():
         path = layout.kubeconfig if who == "admin" else layout.component_kubeconfig(who)
         pair = certs.CertPair(pki / f"{who}.crt", pki / f"{who}.key")
-        write_kubeconfig(path, cluster_name, apiserver_url(ports), pki / "ca.crt", pair, common_name)
+        write_kubeconfig(path, cluster_name, apiserver_url(ports, host), pki / "ca.crt", pair, common_name)
 
 
 def write_kwok_config(layout: Layout) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_operator.devcluster import labels as L
+from verl_operator.devcluster.nodenet import NodeNetwork
 
 #: Components in start order (stopped in reverse).
 COMPONENTS: tuple[str, ...] = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -35,6 +36,8 @@ CONTROLLERS: tuple[str, ...] = (
     "resourcequota-controller",
     "ttl-after-finished-controller",
 )
+#: With real nodes, DaemonSets run too (the topology probe).
+REAL_NODE_CONTROLLERS: tuple[str, ...] = (*CONTROLLERS, "daemonset-controller")
 
 
 @dataclass(frozen=True)
@@ -75,13 +78,43 @@ class Layout:
         return self.logs / f"{component}.log"
 
 
-def apiserver_url(ports: dict[str, int]) -> str:
-    """The API server's URL on loopback."""
-    return f"https://127.0.0.1:{ports['apiserver']}"
+def apiserver_url(ports: dict[str, int], host: str = "127.0.0.1") -> str:
+    """The API server's URL (on loopback, or on the real-node bridge's address)."""
+    return f"https://{host}:{ports['apiserver']}"
+
+
+def _apiserver_network_args(layout: Layout, network: NodeNetwork | None) -> list[str]:
+    if network is None:
+        return [
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            # Endpoints of the 'kubernetes' Service would point at 127.0.0.1, which Endpoints reject.
+            "--endpoint-reconciler-type=none",
+        ]
+    pki = layout.pki
+    # Real nodes: the API server listens on the tier's bridge address, which pods reach through the
+    # 'kubernetes' Service (its endpoint is the advertised address); it calls the kubelets with a client
+    # certificate and checks their serving certificates against the instance CA.
+    return [
+        f"--bind-address={network.api_ip}",
+        f"--advertise-address={network.api_ip}",
+        f"--service-cluster-ip-range={network.service_cidr}",
+        "--endpoint-reconciler-type=lease",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
+    ]
 
 
 def component_argv(
-    component: str, binary: Path, layout: Layout, ports: dict[str, int], name: str
+    component: str,
+    binary: Path,
+    layout: Layout,
+    ports: dict[str, int],
+    name: str,
+    network: NodeNetwork | None = None,
 ) -> list[str]:
     """The command line of one component.
 
@@ -91,9 +124,10 @@ def component_argv(
         layout: The instance's files.
         ports: The instance's ports (see ``ports.PORT_NAMES``).
         name: The instance name (the controller-manager's ``--cluster-name``).
+        network: The real-node network, when the instance has real nodes.
 
     Returns:
-        argv, every server bound to 127.0.0.1.
+        argv, every server bound to 127.0.0.1 (the API server to the real-node bridge's address instead).
 
     Raises:
         KeyError: Unknown component.
@@ -120,8 +154,7 @@ def component_argv(
         return [
             exe,
             f"--etcd-servers=http://127.0.0.1:{ports['etcd_client']}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            *_apiserver_network_args(layout, network),
             f"--secure-port={ports['apiserver']}",
             f"--cert-dir={pki}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -144,10 +177,7 @@ def component_argv(
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
-            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--allow-privileged=true",
-            # Endpoints of the 'kubernetes' Service would point at 127.0.0.1, which Endpoints reject.
-            "--endpoint-reconciler-type=none",
             "--profiling=false",
             "--v=1",
         ]
@@ -168,7 +198,7 @@ def component_argv(
         return [
             *common,
             f"--secure-port={ports['controller_manager']}",
-            f"--controllers={','.join(CONTROLLERS)}",
+            f"--controllers={','.join(REAL_NODE_CONTROLLERS if network else CONTROLLERS)}",
             "--use-service-account-credentials=true",
             f"--service-account-private-key-file={pki / 'sa.key'}",
             f"--root-ca-file={pki / 'ca.crt'}",

@@ -232,7 +232,8 @@ def load_profile(name_or_path: str) -> Profile:
     return parse_profile(data, str(path))
 
 
-def _gpu_labels(gpu: Gpu) -> dict[str, str]:
+def gpu_labels(gpu: Gpu) -> dict[str, str]:
+    """The GPU Feature Discovery labels of a node with these GPUs (and the NVLink label where set)."""
     out = {
         L.GPU_PRESENT: "true",
         L.GPU_PRODUCT: gpu.product,
@@ -278,7 +279,7 @@ def node_manifests(profile: Profile) -> list[dict[str, Any]]:
                 node_labels[L.BLOCK] = group.block
             resources = {"cpu": group.cpu, "memory": group.memory, "pods": str(group.pods)}
             if group.gpu is not None:
-                node_labels.update(_gpu_labels(group.gpu))
+                node_labels.update(gpu_labels(group.gpu))
                 resources[L.GPU_RESOURCE] = str(group.gpu.count)
             node_labels.update(group.labels)
             nodes.append(

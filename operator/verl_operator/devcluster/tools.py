@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_operator.devcluster.versions import (
+    COREDNS_VERSION,
     ETCD_VERSION,
     HELM_VERSION,
     KUBERNETES_VERSION,
@@ -85,6 +86,25 @@ KUBERNETES = ToolGroup(
     ),
 )
 
+#: The node agents of the real-node tier, built from the same ``k8s.io/kubernetes`` module in a module of
+#: their own (adding them to the control-plane module fails on go.sum entries only the kubelet needs).
+KUBERNETES_NODE = ToolGroup(
+    name="kubernetes-node",
+    version=KUBERNETES_VERSION,
+    bin_subdir=f"{KUBERNETES_VERSION}-node",
+    tools=(_kube_tool("kubelet"), _kube_tool("kube-proxy")),
+    ldflags=KUBERNETES.ldflags,
+)
+
+#: CoreDNS with the plugins the real-node tier's Corefile uses (``./coredns``: a generated main package).
+COREDNS = ToolGroup(
+    name="coredns",
+    version=COREDNS_VERSION,
+    bin_subdir=f"coredns-{COREDNS_VERSION}",
+    tools=(Tool("coredns", COREDNS_VERSION, ("-version",), "./coredns"),),
+    ldflags=(),
+)
+
 KWOK = ToolGroup(
     name="kwok",
     version=KWOK_VERSION,
@@ -114,7 +134,7 @@ HELM = ToolGroup(
     ),
 )
 
-GROUPS: dict[str, ToolGroup] = {g.name: g for g in (KUBERNETES, KWOK, HELM)}
+GROUPS: dict[str, ToolGroup] = {g.name: g for g in (KUBERNETES, KUBERNETES_NODE, COREDNS, KWOK, HELM)}
 #: Which group builds which binary.
 GROUP_OF: dict[str, ToolGroup] = {t.name: g for g in GROUPS.values() for t in g.tools}
 

@@ -11,6 +11,8 @@ KUBERNETES_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.6.4"
 #: kwok simulates the nodes and the pod lifecycle (``sigs.k8s.io/kwok``).
 KWOK_VERSION = "v0.7.0"
+#: CoreDNS, the cluster DNS of the real-node tier (built with only the plugins it uses).
+COREDNS_VERSION = "v1.12.4"
 #: helm, for the chart (``helm.sh/helm/v3``).
 HELM_VERSION = "v3.19.5"
 
