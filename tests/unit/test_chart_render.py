@@ -114,7 +114,7 @@ def test_defaults_render_a_cluster_wide_install(helm: str) -> None:
     for obj in objects:
         if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration"):
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]
-    args = container(objects)["args"]
+    args = container(objects)["command"]
     assert args[:2] == ["verl-operator", "run"]
     assert "--all-namespaces" in args
     assert not [a for a in args if a.startswith("--namespace")]
@@ -143,8 +143,8 @@ def test_deployment_is_hardened(helm: str) -> None:
         get = ctr[probe]["httpGet"]
         assert get["path"] == "/healthz"
         assert ports[get["port"]] == 8080
-    assert f"--health-port={ports['health']}" in ctr["args"]
-    assert f"--webhook-port={ports['webhook']}" in ctr["args"]
+    assert f"--health-port={ports['health']}" in ctr["command"]
+    assert f"--webhook-port={ports['webhook']}" in ctr["command"]
     # A read-only root filesystem needs a writable /tmp.
     mounts = {m["mountPath"]: m["name"] for m in ctr["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -161,8 +161,8 @@ def test_non_default_values_reach_the_objects(helm: str, tmp_path: Path) -> None
     assert pod["tolerations"] == NON_DEFAULT["tolerations"]
     assert ctr["resources"] == NON_DEFAULT["resources"]
     assert {"name": "HTTPS_PROXY", "value": "http://proxy:3128"} in ctr["env"]
-    assert ctr["args"][-1] == "--verbose"
-    assert [a for a in ctr["args"] if a.startswith("--namespace")] == [
+    assert ctr["command"][-1] == "--verbose"
+    assert [a for a in ctr["command"] if a.startswith("--namespace")] == [
         "--namespace=team-a",
         "--namespace=team-b",
     ]
@@ -407,7 +407,7 @@ def test_webhook_disabled_renders_no_admission_objects(helm: str) -> None:
         "Deployment",
     }
     ctr = container(objects)
-    assert not [a for a in ctr["args"] if a.startswith(("--webhook", "--metrics"))]
+    assert not [a for a in ctr["command"] if a.startswith(("--webhook", "--metrics"))]
     assert [p["name"] for p in ctr["ports"]] == ["health"]
 
 
@@ -473,8 +473,8 @@ def test_container_args_are_a_valid_verl_operator_run_command_line(helm: str, se
 
     objects = render(helm, *sets)
     ctr = container(objects)
-    assert ctr["args"][0] == "verl-operator"
-    args = build_parser().parse_args(ctr["args"][1:])
+    assert ctr["command"][0] == "verl-operator"
+    args = build_parser().parse_args(ctr["command"][1:])
     assert args.command == "run"
     ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
     assert args.health_port == ports["health"]
@@ -487,7 +487,7 @@ def test_container_args_are_a_valid_verl_operator_run_command_line(helm: str, se
         assert args.webhook_key == f"{mounts['webhook-tls']}/tls.key"
     else:
         assert args.webhook_cert is None
-    namespaces = [a.removeprefix("--namespace=") for a in ctr["args"] if a.startswith("--namespace=")]
+    namespaces = [a.removeprefix("--namespace=") for a in ctr["command"] if a.startswith("--namespace=")]
     assert args.namespace == namespaces
     assert args.all_namespaces is (not namespaces)
     # The webhook configuration belongs to the chart: the operator must not manage one.

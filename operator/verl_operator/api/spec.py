@@ -74,7 +74,10 @@ class VerlSpec(_Model):
     image: str = Field(
         min_length=1,
         max_length=L.MAX_IMAGE,
-        description="Container image with verl, vLLM and this project's launcher.",
+        description=(
+            "Container image with verl and vLLM: Python 3.10+, ray with pydantic 2 (ray[default]), verl, and "
+            "nvidia-smi on GPU nodes. It needs no part of this project unless launcher is image."
+        ),
     )
     version: VerlVersion = Field(
         default="0.9",
@@ -85,6 +88,15 @@ class VerlSpec(_Model):
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="Pull policy for the image (Kubernetes default when omitted)."
+    )
+    launcher: Literal["inject", "image"] = Field(
+        default="inject",
+        description=(
+            "Where the Ray containers get verl-launcher. inject: an init container from the operator's image "
+            "copies a self-contained launcher into the pod, which runs it with the image's python3 (any verl "
+            "image works). image: the image has verl-launcher on PATH. With an operator that has no "
+            "--launcher-image (run outside the cluster), inject behaves as image."
+        ),
     )
 
 

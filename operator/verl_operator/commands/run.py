@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_LISTEN = "127.0.0.1"
+#: The chart sets this to the operator's own image (Ray pods copy the launcher from it).
+LAUNCHER_IMAGE_ENV = "VERL_OPERATOR_LAUNCHER_IMAGE"
 IN_CLUSTER_LISTEN = "0.0.0.0"  # in a pod the kubelet probes and the API server call the pod IP
 
 
@@ -54,6 +56,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--resync-seconds", type=float, default=2.0, help="reconcile every job at least this often"
     )
+    p.add_argument(
+        "--launcher-image",
+        help=f"this operator's image: Ray pods copy verl-launcher from it (default ${LAUNCHER_IMAGE_ENV})",
+    )
     p.add_argument("--workdir", default=None, help="directory for generated files (default: a temp dir)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     p.set_defaults(func=run)
@@ -86,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_listen=listen,
         resync_seconds=args.resync_seconds,
         workdir=workdir,
+        launcher_image=args.launcher_image or os.environ.get(LAUNCHER_IMAGE_ENV) or None,
     )
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -23,6 +23,8 @@ class RunConfig:
         metrics_listen: Address the metrics endpoint binds to.
         resync_seconds: Every job is reconciled at least this often (waiting for capacity, TTLs, deadlines).
         workdir: Directory for generated files (the self-signed certificate).
+        launcher_image: The operator's own image: Ray pods of jobs with ``verl.launcher: inject`` copy the
+            launcher from it (None: they run ``verl-launcher`` from the job's image).
     """
 
     kubeconfig: str | None = None
@@ -36,6 +38,7 @@ class RunConfig:
     metrics_listen: str = "127.0.0.1"
     resync_seconds: float = 2.0
     workdir: Path = Path(".verl-operator")
+    launcher_image: str | None = None
 
 
 CONFIG: list[RunConfig] = [RunConfig()]

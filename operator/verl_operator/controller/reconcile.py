@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.controller import metrics
+from verl_operator.controller import config, metrics
 from verl_operator.controller.assess import assess, pod_phase
 from verl_operator.controller.kube import Kube, MissingAPIError, now_iso
 from verl_operator.controller.snapshot import Reservations, Snapshot, gpus_in_use, node_capacity
@@ -284,7 +284,14 @@ class JobReconciler:
         if nodes and nodes[0] in by_name:
             facts = node_facts(by_name[nodes[0]])
             product, memory = facts.gpu_product or None, facts.gpu_memory_mib
-        return LaunchPlan.from_plan_json(plan, spec, nodes=nodes, gpu_product=product, gpu_memory_mib=memory)
+        return LaunchPlan.from_plan_json(
+            plan,
+            spec,
+            nodes=nodes,
+            gpu_product=product,
+            gpu_memory_mib=memory,
+            launcher_image=config.current().launcher_image,
+        )
 
     def _run(self, job: Mapping[str, Any], spec: VerlJobSpec) -> None:
         meta = job["metadata"]

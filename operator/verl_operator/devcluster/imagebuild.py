@@ -32,6 +32,7 @@ from pathlib import Path
 from verl_operator.devcluster import oci
 from verl_operator.devcluster.locking import file_lock
 from verl_operator.devcluster.versions import cache_dir
+from verl_operator.manifests.launchspec import LAUNCHER_IN_OPERATOR_IMAGE
 
 #: Debian release and mirror of the base (the Dockerfile's default base is the same release).
 DEBIAN_SUITE = "bookworm"
@@ -41,7 +42,7 @@ BASE_PACKAGES: tuple[str, ...] = ("python3", "python3-venv", "ca-certificates")
 #: Where the image's virtualenv lives (the Dockerfile uses the same path).
 VENV = "/opt/verl-operator"
 #: The self-contained launcher inside the operator image (copied into Ray pods by an init container).
-LAUNCHER_PYZ = f"{VENV}/share/verl-launcher.pyz"
+LAUNCHER_PYZ = LAUNCHER_IN_OPERATOR_IMAGE
 #: The operator image's user (non-root; the chart's securityContext uses the same ids).
 NONROOT = "65532:65532"
 

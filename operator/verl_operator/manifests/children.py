@@ -14,6 +14,9 @@ from verl_operator.manifests.launchspec import (
     LAUNCH_DIR,
     LAUNCH_KEY,
     LAUNCH_PATH,
+    LAUNCHER_DIR,
+    LAUNCHER_IN_OPERATOR_IMAGE,
+    LAUNCHER_PYZ,
     RAY_CLIENT_PORT,
     RAY_DASHBOARD_PORT,
     RAY_GCS_PORT,
@@ -46,6 +49,33 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+LAUNCHER_VOLUME = "verl-launcher"
+INSTALL_LAUNCHER = "install-launcher"
+
+
+def injects_launcher(spec: VerlJobSpec, plan: LaunchPlan) -> bool:
+    """Whether the Ray pods get the launcher from the operator's image (``spec.verl.launcher: inject``)."""
+    return spec.verl.launcher == "inject" and bool(plan.launcher_image)
+
+
+def _launcher_command(spec: VerlJobSpec, plan: LaunchPlan, role: str) -> list[str]:
+    if injects_launcher(spec, plan):
+        # The image's own Python runs the copied zipapp: it needs nothing of this project.
+        return ["python3", LAUNCHER_PYZ, role]
+    return ["verl-launcher", role]
+
+
+def build_launcher_init_container(image: str) -> dict[str, Any]:
+    """The init container that copies the self-contained launcher from the operator's image into the pod."""
+    return {
+        "name": INSTALL_LAUNCHER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["cp", LAUNCHER_IN_OPERATOR_IMAGE, LAUNCHER_PYZ],
+        "volumeMounts": [{"name": LAUNCHER_VOLUME, "mountPath": LAUNCHER_DIR}],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
 
 
 def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -145,7 +175,7 @@ def _build_pod(
             {
                 "name": CONTAINER,
                 "image": spec.verl.image,
-                "command": ["verl-launcher", role],
+                "command": _launcher_command(spec, plan, role),
                 "env": _env(role, attempt, spec),
                 "ports": _ports(role),
                 "resources": _resources(spec, plan.gpus_per_node),
@@ -169,6 +199,13 @@ def _build_pod(
     }
     if spec.verl.image_pull_policy is not None:
         pod_spec["containers"][0]["imagePullPolicy"] = spec.verl.image_pull_policy
+    if injects_launcher(spec, plan) and plan.launcher_image:
+        pod_spec["initContainers"] = [build_launcher_init_container(plan.launcher_image)]
+        pod_spec["containers"][0]["volumeMounts"].append(
+            {"name": LAUNCHER_VOLUME, "mountPath": LAUNCHER_DIR, "readOnly": True}
+        )
+        # The launcher is a zipapp of a few hundred KiB.
+        pod_spec["volumes"].append({"name": LAUNCHER_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}})
     # The planner counts nodes tainted with the GPU keys as eligible (GPU pools are commonly tainted
     # nvidia.com/gpu:NoSchedule), so every Ray pod tolerates them; the user's tolerations come after.
     pod_spec["tolerations"] = [

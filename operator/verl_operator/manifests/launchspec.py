@@ -15,6 +15,10 @@ RAY_CLIENT_PORT = 10001
 LAUNCH_DIR = "/etc/verl-operator"
 LAUNCH_KEY = "launch.json"
 LAUNCH_PATH = f"{LAUNCH_DIR}/{LAUNCH_KEY}"
+#: The self-contained launcher (a zipapp) inside the operator image, and where Ray pods get a copy of it.
+LAUNCHER_IN_OPERATOR_IMAGE = "/opt/verl-operator/share/verl-launcher.pyz"
+LAUNCHER_DIR = "/opt/verl-launcher"
+LAUNCHER_PYZ = f"{LAUNCHER_DIR}/verl-launcher.pyz"
 ENTRYPOINT = ("python3", "-m", "verl.trainer.main_ppo")
 #: Pod network interface of a standard Kubernetes pod; NCCL and Gloo otherwise may pick a wrong one
 #: (verl issues #967, #597).
@@ -38,6 +42,8 @@ class LaunchPlan:
         gpu_product: GPU product of the chosen nodes, if known.
         gpu_memory_mib: GPU memory of the chosen nodes, if known.
         nodes: Chosen node names, index 0 hosts the head; empty when a scheduler of its own places the pods.
+        launcher_image: The operator's image, whose launcher an init container copies into each Ray pod
+            (``spec.verl.launcher: inject``); None runs ``verl-launcher`` from the job's image.
     """
 
     verl_version: str
@@ -49,6 +55,7 @@ class LaunchPlan:
     gpu_product: str | None = None
     gpu_memory_mib: int | None = None
     nodes: tuple[str, ...] = ()
+    launcher_image: str | None = None
 
     @classmethod
     def from_plan_json(
@@ -58,6 +65,7 @@ class LaunchPlan:
         nodes: Sequence[str] = (),
         gpu_product: str | None = None,
         gpu_memory_mib: int | None = None,
+        launcher_image: str | None = None,
     ) -> LaunchPlan:
         """Build from the planner's camelCase plan dict (``PlanResult.to_json_dict()["plan"]``)."""
         return cls(
@@ -70,6 +78,7 @@ class LaunchPlan:
             gpu_product=gpu_product,
             gpu_memory_mib=gpu_memory_mib,
             nodes=tuple(nodes),
+            launcher_image=launcher_image,
         )
 
 
