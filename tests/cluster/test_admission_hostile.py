@@ -196,3 +196,62 @@ def test_suspend_with_garbage_is_refused_and_a_clean_suspend_then_change_works(
     wait_for(lambda: _phase(kube, namespace, name) == "Running", "Running again", 60)
     obj: Any = _custom(kube).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
     assert obj["status"]["plan"]["batching"]["trainBatchSize"] == 128
+
+
+# ---- pod security by default -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def enforcing(kube: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace whose Pod Security admission enforces ``request.param`` (restricted or baseline)."""
+    level = str(request.param)
+    name = f"t-psa-{level}-{os.urandom(3).hex()}"
+    core = client.CoreV1Api(kube)
+    labels = {"pod-security.kubernetes.io/enforce": level, "verl-operator.io/test": "true"}
+    core.create_namespace({"metadata": {"name": name, "labels": labels}})
+    try:
+        yield name
+    finally:
+        for item in _custom(kube).list_namespaced_custom_object(GROUP, VERSION, name, PLURAL)["items"]:
+            _custom(kube).delete_namespaced_custom_object(
+                GROUP, VERSION, name, PLURAL, item["metadata"]["name"]
+            )
+        core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+        wait_for(lambda: not core.list_namespaced_pod(name).items or None, "pods gone", 30)
+        core.delete_namespace(name, propagation_policy="Background")
+
+
+NON_ROOT = {"podSecurityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000}}
+
+
+@pytest.mark.parametrize(
+    ("enforcing", "security"),
+    [
+        pytest.param("restricted", NON_ROOT, id="restricted-non-root-image"),
+        pytest.param("baseline", {}, id="baseline-defaults"),
+    ],
+    indirect=["enforcing"],
+)
+def test_ray_pods_pass_pod_security_admission(
+    operator: LocalOperator, kube: client.ApiClient, kubectl: Any, enforcing: str, security: dict[str, Any]
+) -> None:
+    applied = kubectl(["apply", "-n", enforcing, "-f", "-"], input=json.dumps(job("psa", security=security)))
+    assert applied.returncode == 0, applied.stderr
+    wait_for(lambda: _phase(kube, enforcing, "psa") == "Running", "psa Running", 60)
+    core = client.CoreV1Api(kube)
+    [pod] = core.list_namespaced_pod(enforcing, label_selector="verl-operator.io/job=psa").items
+    assert pod.spec.service_account_name == "psa-ray" and pod.spec.automount_service_account_token is False
+    assert pod.spec.security_context.seccomp_profile.type == "RuntimeDefault"
+    container = pod.spec.containers[0].security_context
+    assert container.allow_privilege_escalation is False and container.capabilities.drop == ["ALL"]
+    account = core.read_namespaced_service_account("psa-ray", enforcing)
+    assert account.automount_service_account_token is False
+    if security:
+        # The level is really enforced: the same pod without runAsNonRoot is refused by Pod Security.
+        body = kube.sanitize_for_serialization(pod)
+        body["metadata"] = {"name": "psa-copy", "namespace": enforcing}
+        del body["spec"]["securityContext"]["runAsNonRoot"]
+        body.pop("status", None)
+        with pytest.raises(ApiException) as refused:
+            core.create_namespaced_pod(enforcing, body)
+        assert refused.value.status == 403 and "runAsNonRoot" in str(refused.value.body)

@@ -239,6 +239,7 @@ def test_cluster_wide_mode_renders_no_role(helm: str) -> None:
         "verljobs/status",
         "pods",
         "services",
+        "serviceaccounts",
         "configmaps",
         "events",
     }

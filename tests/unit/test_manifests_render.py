@@ -28,8 +28,8 @@ def test_render_prints_every_child_pinned_to_one_rack() -> None:
     out = render(JOBS / "grpo-qwen7b-dgx.yaml", CLUSTERS / "dgx-h100.yaml")
     assert out.returncode == 0, out.stderr
     objects = list(yaml.safe_load_all(out.stdout))
-    assert [o["kind"] for o in objects] == ["ConfigMap", "Service", "Pod", "Pod"]
-    pods = objects[2:]
+    assert [o["kind"] for o in objects] == ["ServiceAccount", "ConfigMap", "Service", "Pod", "Pod"]
+    pods = [o for o in objects if o["kind"] == "Pod"]
     assert [p["metadata"]["name"] for p in pods] == ["grpo-qwen7b-r0-head", "grpo-qwen7b-r0-worker-1"]
     nodes = [p["metadata"]["annotations"]["verl-operator.io/node"] for p in pods]
     # dgx-h100-0,1 share rack-a1 in the profile (racks fill in order).

@@ -351,6 +351,39 @@ class CheckpointSpec(_Model):
     )
 
 
+class SecuritySpec(_Model):
+    """How the Ray pods run. The defaults pass Pod Security ``restricted`` except ``runAsNonRoot``, which
+    depends on the image's user: set ``podSecurityContext.runAsNonRoot: true`` (and ``runAsUser``) for an
+    image that runs as a non-root user."""
+
+    service_account_name: str | None = Field(
+        default=None,
+        max_length=L.MAX_NAME,
+        description=(
+            "ServiceAccount of the Ray pods. Default: <job>-ray, created by the operator with no permissions "
+            "(never the namespace's default ServiceAccount)."
+        ),
+    )
+    automount_service_account_token: bool = Field(
+        default=False,
+        description="Mount the ServiceAccount's API token in the Ray pods (verl and Ray need none).",
+    )
+    pod_security_context: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "core/v1 PodSecurityContext of the Ray pods, merged over the default "
+            "{seccompProfile: {type: RuntimeDefault}} (e.g. runAsNonRoot, runAsUser, runAsGroup, fsGroup)."
+        ),
+    )
+    container_security_context: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "core/v1 SecurityContext of the Ray container, merged over the default {allowPrivilegeEscalation: "
+            "false, capabilities: {drop: [ALL]}}."
+        ),
+    )
+
+
 class VerlJobSpec(_Model):
     verl: VerlSpec = Field(description="The verl image and release line.")
     model: ModelSpec = Field(description="The policy model.")
@@ -377,6 +410,9 @@ class VerlJobSpec(_Model):
             "Raw verl Hydra overrides as on verl's command line (key=value). Keys the planner owns are read "
             "as pinned inputs; a conflict with a structured field is a violation."
         ),
+    )
+    security: SecuritySpec = Field(
+        default_factory=SecuritySpec, description="ServiceAccount and security contexts of the Ray pods."
     )
     env: list[dict[str, Any]] = Field(
         default_factory=list,

@@ -79,6 +79,8 @@ class Kube:
                 self.core.create_namespaced_config_map(ns, body)
             elif kind == "Service":
                 self.core.create_namespaced_service(ns, body)
+            elif kind == "ServiceAccount":
+                self.core.create_namespaced_service_account(ns, body)
             elif kind == "PodGroup":
                 group, version = manifest["apiVersion"].split("/")
                 self.custom.create_namespaced_custom_object(group, version, ns, "podgroups", body)

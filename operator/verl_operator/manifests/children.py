@@ -5,6 +5,7 @@ Every builder is pure and returns a whole manifest; the controller creates them 
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -49,6 +50,13 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+#: Pod Security ``restricted`` controls that hold for any image (runAsNonRoot depends on the image's user:
+#: ``spec.security.podSecurityContext``). https://kubernetes.io/docs/concepts/security/pod-security-standards/
+POD_SECURITY_DEFAULTS: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY_DEFAULTS: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
 LAUNCHER_VOLUME = "verl-launcher"
 INSTALL_LAUNCHER = "install-launcher"
 
@@ -113,6 +121,22 @@ def build_launch_configmap(job: Mapping[str, Any], spec: VerlJobSpec, plan: Laun
     }
 
 
+def container_security_context(spec: VerlJobSpec) -> dict[str, Any]:
+    """The Ray (and launcher init) container's securityContext: the defaults, the user's keys over them."""
+    return copy.deepcopy({**CONTAINER_SECURITY_DEFAULTS, **spec.security.container_security_context})
+
+
+def build_service_account(job: Mapping[str, Any]) -> dict[str, Any]:
+    """ServiceAccount ``<job>-ray`` of the Ray pods: bound to no role, its token not mounted by default."""
+    name, namespace, _ = job_identity(job)
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(job, ChildNames(name, namespace).service_account),
+        "automountServiceAccountToken": False,
+    }
+
+
 def build_service(job: Mapping[str, Any]) -> dict[str, Any]:
     """Headless Service ``<job>-ray``: DNS names for the Ray pods, ready or not (Ray needs them early)."""
     name, namespace, _ = job_identity(job)
@@ -166,8 +190,12 @@ def _build_pod(
     node = plan.nodes[index] if index < len(plan.nodes) else None
     labels = {LABEL_ROLE: role, LABEL_ATTEMPT: str(attempt), LABEL_INDEX: str(index)}
     annotations: dict[str, str] = {}
+    security = spec.security
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
+        "serviceAccountName": security.service_account_name or names.service_account,
+        "automountServiceAccountToken": security.automount_service_account_token,
+        "securityContext": copy.deepcopy({**POD_SECURITY_DEFAULTS, **security.pod_security_context}),
         "hostname": names.hostname(index),
         "subdomain": names.service,
         "enableServiceLinks": False,
@@ -184,6 +212,7 @@ def _build_pod(
                     {"name": "dshm", "mountPath": "/dev/shm"},
                     *[dict(m) for m in spec.volume_mounts],
                 ],
+                "securityContext": container_security_context(spec),
                 "terminationMessagePath": "/dev/termination-log",
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }
@@ -200,7 +229,9 @@ def _build_pod(
     if spec.verl.image_pull_policy is not None:
         pod_spec["containers"][0]["imagePullPolicy"] = spec.verl.image_pull_policy
     if injects_launcher(spec, plan) and plan.launcher_image:
-        pod_spec["initContainers"] = [build_launcher_init_container(plan.launcher_image)]
+        init = build_launcher_init_container(plan.launcher_image)
+        init["securityContext"] = container_security_context(spec)
+        pod_spec["initContainers"] = [init]
         pod_spec["containers"][0]["volumeMounts"].append(
             {"name": LAUNCHER_VOLUME, "mountPath": LAUNCHER_DIR, "readOnly": True}
         )
@@ -302,8 +333,10 @@ def build_podgroup(job: Mapping[str, Any], plan: LaunchPlan, attempt: int) -> di
 def build_children(
     job: Mapping[str, Any], spec: VerlJobSpec, plan: LaunchPlan, attempt: int
 ) -> list[dict[str, Any]]:
-    """Every child in creation order: ConfigMap, Service, (PodGroup), head pod, worker pods."""
+    """Every child in creation order: (ServiceAccount), ConfigMap, Service, (PodGroup), head pod, worker pods."""
     children = [build_launch_configmap(job, spec, plan), build_service(job)]
+    if spec.security.service_account_name is None:
+        children.insert(0, build_service_account(job))
     if spec.scheduling.queue_name is None and spec.scheduling.scheduler == "volcano":
         children.append(build_podgroup(job, plan, attempt))
     children.append(build_head_pod(job, spec, plan, attempt))

@@ -35,6 +35,11 @@ class ChildNames:
         return f"{self.job}-ray"
 
     @property
+    def service_account(self) -> str:
+        """The Ray pods' ServiceAccount (same name as the Service; kinds do not share names)."""
+        return f"{self.job}-ray"
+
+    @property
     def head_hostname(self) -> str:
         """``<job>-head-0``: the head pod's hostname (stable across restarts)."""
         return f"{self.job}-head-0"
