@@ -134,6 +134,7 @@ def test_every_binary_has_a_group_and_a_version() -> None:
         "coredns",
         "kwok",
         "helm",
+        "kuberay-operator",
     }
 
 

@@ -15,6 +15,7 @@ Layout under the cache (``$VERL_OPERATOR_CACHE``, default ``~/.cache/verl-operat
     bin/v1.34.4/{kube-apiserver,kube-controller-manager,kube-scheduler,kubectl,etcd}
     bin/kwok-v0.7.0/kwok
     bin/helm-v3.19.5-k8s1.34/helm
+    bin/kuberay-v1.5.0/{kuberay-operator,crds/}   only for the scale benchmark (see devcluster/kuberay.py)
     gotools/<group>-<version>/   the generated Go modules the binaries are built from
 """
 
@@ -30,6 +31,7 @@ from verl_operator.devcluster.tools import (
     GROUP_OF,
     GROUPS,
     HELM,
+    KUBERAY,
     KUBERNETES,
     KWOK,
     MARKER,
@@ -50,6 +52,7 @@ __all__ = [
     "GROUPS",
     "GROUP_OF",
     "HELM",
+    "KUBERAY",
     "KUBERNETES",
     "KWOK",
     "MARKER",
@@ -72,7 +75,7 @@ def find(name: str, root: Path | None = None) -> Located | None:
 
     Args:
         name: ``kube-apiserver``, ``kube-controller-manager``, ``kube-scheduler``, ``kubectl``, ``etcd``,
-            ``kwok`` or ``helm``.
+            ``kwok``, ``helm`` or ``kuberay-operator``.
         root: The cache root (default: :func:`~verl_operator.devcluster.versions.cache_dir`).
 
     Returns:

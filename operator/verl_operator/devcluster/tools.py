@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from verl_operator.devcluster.versions import (
     COREDNS_VERSION,
     ETCD_VERSION,
     HELM_VERSION,
+    KUBERAY_VERSION,
     KUBERNETES_VERSION,
     KWOK_VERSION,
     cache_dir,
@@ -36,9 +38,13 @@ class Tool:
 
     name: str
     version: str
+    #: Arguments that make the binary print its version; empty: read the version of ``module`` from the
+    #: Go build information embedded in the binary (``go version -m``), for a command with no version flag.
     version_argv: tuple[str, ...]
     #: The Go package to build (relative ``./dir`` for a package of the generated module).
     package: str
+    #: The Go module whose version the build information must report (with an empty ``version_argv``).
+    module: str = ""
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,27 @@ HELM = ToolGroup(
     ),
 )
 
-GROUPS: dict[str, ToolGroup] = {g.name: g for g in (KUBERNETES, KUBERNETES_NODE, COREDNS, KWOK, HELM)}
+#: KubeRay's operator, for the scale benchmark only (``bench/bench_scale.py``): never built by ``make test``.
+#: Its ``main`` package is the module root; it has no version flag, so the build information is read.
+KUBERAY = ToolGroup(
+    name="kuberay",
+    version=KUBERAY_VERSION,
+    bin_subdir=f"kuberay-{KUBERAY_VERSION}",
+    tools=(
+        Tool(
+            "kuberay-operator",
+            KUBERAY_VERSION,
+            (),
+            "github.com/ray-project/kuberay/ray-operator",
+            module="github.com/ray-project/kuberay/ray-operator",
+        ),
+    ),
+    ldflags=(),
+)
+
+GROUPS: dict[str, ToolGroup] = {
+    g.name: g for g in (KUBERNETES, KUBERNETES_NODE, COREDNS, KWOK, HELM, KUBERAY)
+}
 #: Which group builds which binary.
 GROUP_OF: dict[str, ToolGroup] = {t.name: g for g in GROUPS.values() for t in g.tools}
 
@@ -153,16 +179,42 @@ def version_matches(output: str, version: str) -> bool:
     return re.search(rf"(?<![\w.])v?{number}(?![\w.])", output) is not None
 
 
+def buildinfo_version(buildinfo: str, module: str) -> str | None:
+    """The version of ``module`` in ``go version -m`` output (its ``dep`` or ``mod`` line), else None.
+
+    Args:
+        buildinfo: What ``go version -m <binary>`` printed.
+        module: A module path, e.g. ``github.com/ray-project/kuberay/ray-operator``.
+
+    Returns:
+        The version, e.g. ``v1.5.0``; None when the module is not listed (or is a ``(devel)`` build).
+    """
+    for line in buildinfo.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[0] in ("dep", "mod") and fields[1] == module:
+            return None if fields[2] == "(devel)" else fields[2]
+    return None
+
+
 def reported_version(path: Path, tool: Tool) -> str | None:
-    """Run ``path`` with the tool's version arguments and return its output, or None if it fails."""
+    """Run ``path`` with the tool's version arguments and return its output, or None if it fails.
+
+    A tool without version arguments reports the version of its module in the Go build information.
+    """
+    argv = [str(path), *tool.version_argv]
+    if not tool.version_argv:
+        go = shutil.which("go")
+        if go is None:
+            return None
+        argv = [go, "version", "-m", str(path)]
     try:
-        done = subprocess.run(
-            [str(path), *tool.version_argv], capture_output=True, text=True, timeout=30, check=False
-        )
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if done.returncode != 0:
         return None
+    if not tool.version_argv:
+        return buildinfo_version(done.stdout, tool.module)
     return (done.stdout + done.stderr).strip()
 
 

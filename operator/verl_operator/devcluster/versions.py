@@ -15,6 +15,8 @@ KWOK_VERSION = "v0.7.0"
 COREDNS_VERSION = "v1.12.4"
 #: helm, for the chart (``helm.sh/helm/v3``).
 HELM_VERSION = "v3.19.5"
+#: KubeRay's operator (``github.com/ray-project/kuberay/ray-operator``), built only for the scale benchmark.
+KUBERAY_VERSION = "v1.5.0"
 
 #: Environment variable that moves the cache (default ``~/.cache/verl-operator``).
 CACHE_ENV = "VERL_OPERATOR_CACHE"
