@@ -6,6 +6,7 @@ the NVLink rules need one value). A layout picks GPUs per node and a node count 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,9 @@ class Layout:
         return self.gpus_per_node * self.nnodes
 
 
+@functools.lru_cache(
+    maxsize=65536
+)  # node names repeat on every plan; sized for clusters of tens of thousands
 def name_key(name: str) -> tuple[tuple[int, int | str], ...]:
     """Natural sort key: ``gpu-2`` before ``gpu-10``."""
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)
@@ -177,7 +181,8 @@ def layouts(pool: Pool, spec: VerlJobSpec, gpus_per_node: int | None) -> list[La
         names = tuple(n.name for d in domains for n in d)
         candidates = tuple(dict.fromkeys(names))
         domain = min(pool.nvlink_domain, gpn)
-        chosen = [n for n in fitting if n.name in set(candidates)]
+        candidate_set = set(candidates)
+        chosen = [n for n in fitting if n.name in candidate_set]
         cliques = {n.clique for n in chosen}
         if None not in cliques and chosen:
             largest = max(sum(1 for n in chosen if n.clique == c) for c in cliques)

@@ -8,6 +8,7 @@ size is derived from ``nvidia.com/gpu.product``: SXM/HGX/NVSwitch parts -> all G
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -137,6 +138,7 @@ class NodeFacts:
     cpu_millicores: int | None = None
 
 
+@functools.lru_cache(maxsize=4096)  # a cluster has a handful of product names; planning reads them per node
 def normalise_product(product: str) -> str:
     """Upper-case a GPU product name and use ``-`` as the only separator (``NVIDIA H100 80GB`` -> ``NVIDIA-H100-80GB``)."""
     return re.sub(r"[\s_]+", "-", product.strip()).upper()

@@ -9,7 +9,7 @@ from typing import Any
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner.budget import Budget, PlanTooLarge, limited, spend
 from verl_operator.planner.cluster import Pool, cpu_needed, layouts, select
-from verl_operator.planner.facts import node_facts
+from verl_operator.planner.facts import NodeFacts, node_facts
 from verl_operator.planner.report import build_result
 from verl_operator.planner.resolve import resolve
 from verl_operator.planner.result import PlanResult, Violation, infeasible
@@ -17,7 +17,7 @@ from verl_operator.planner.search import Failed, Found, search
 
 
 def plan_job(
-    spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]], budget: Budget | None = None
+    spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any] | NodeFacts], budget: Budget | None = None
 ) -> PlanResult:
     """Plan a VerlJob on the cluster's nodes.
 
@@ -37,7 +37,8 @@ def plan_job(
 
     Args:
         spec: The job spec.
-        nodes: Kubernetes Node objects as camelCase dicts.
+        nodes: Kubernetes Node objects as camelCase dicts, or their :class:`NodeFacts` already read (the
+            operator keeps them per Node, so a plan does not re-read every Node object).
 
     Returns:
         The result: ``feasible`` with a plan, or the violations.
@@ -66,14 +67,14 @@ def too_large(spec: VerlJobSpec, exc: PlanTooLarge) -> Violation:
     )
 
 
-def _plan(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any]]) -> PlanResult:
+def _plan(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any] | NodeFacts]) -> PlanResult:
     resolved = resolve(spec)
     if isinstance(resolved, list):
         return infeasible(resolved)
     gpn_val = resolved.gpus_per_node
 
     # The cluster.
-    facts = [node_facts(n) for n in nodes]
+    facts = [n if isinstance(n, NodeFacts) else node_facts(n) for n in nodes]
     pools, excluded = select(facts, spec)
     if not pools:
         reasons = sorted({v for v in excluded.values()})
