@@ -54,7 +54,13 @@ def add_parser(subparsers: Any) -> None:
         help="host the API server uses to reach the webhook (managed mode; default: listen address)",
     )
     p.add_argument(
-        "--resync-seconds", type=float, default=2.0, help="reconcile every job at least this often"
+        "--resync-seconds",
+        type=float,
+        default=300.0,
+        help="safety resync: reconcile every job at least this often (changes trigger reconciles at once)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=4, help="jobs reconciled at once (placements stay one at a time)"
     )
     p.add_argument(
         "--launcher-image",
@@ -91,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_listen=listen,
         resync_seconds=args.resync_seconds,
+        workers=max(1, args.workers),
         workdir=workdir,
         launcher_image=args.launcher_image or os.environ.get(LAUNCHER_IMAGE_ENV) or None,
     )

@@ -21,7 +21,9 @@ class RunConfig:
             None when something else (the Helm chart) manages it.
         metrics_port: Port of the Prometheus endpoint; 0 disables it.
         metrics_listen: Address the metrics endpoint binds to.
-        resync_seconds: Every job is reconciled at least this often (waiting for capacity, TTLs, deadlines).
+        resync_seconds: Safety resync: every job is reconciled at least this often, besides the reconciles its
+            own changes, its pods', freed capacity and its TTL or deadline trigger.
+        workers: Jobs reconciled at once (placements stay one at a time).
         workdir: Directory for generated files (the self-signed certificate).
         launcher_image: The operator's own image: Ray pods of jobs with ``verl.launcher: inject`` copy the
             launcher from it (None: they run ``verl-launcher`` from the job's image).
@@ -36,7 +38,8 @@ class RunConfig:
     webhook_managed: str | None = None
     metrics_port: int = 0
     metrics_listen: str = "127.0.0.1"
-    resync_seconds: float = 2.0
+    resync_seconds: float = 300.0
+    workers: int = 4
     workdir: Path = Path(".verl-operator")
     launcher_image: str | None = None
 

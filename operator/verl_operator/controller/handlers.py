@@ -7,7 +7,6 @@ No handler needs a finalizer: children carry owner references, so kopf adds none
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from pathlib import Path
@@ -18,74 +17,79 @@ from kubernetes import client, config
 
 from verl_operator.api.spec import GROUP, PLURAL, VERSION
 from verl_operator.controller import metrics
+from verl_operator.controller.cache import CachedKube
 from verl_operator.controller.config import current
-from verl_operator.controller.kube import Kube
 from verl_operator.controller.reconcile import JobReconciler
 from verl_operator.controller.runtime import RUNTIME
-from verl_operator.controller.snapshot import pod_usage_entry
 from verl_operator.controller.webhook import admission_problems, write_self_signed
 from verl_operator.controller.webhook_server import WebhookServer
 from verl_operator.manifests.names import LABEL_JOB
 
 log = logging.getLogger("verl_operator.handlers")
-ACTIVE_PHASES = frozenset({"Starting", "Running"})
 _TASKS: list[asyncio.Task[None]] = []
 
 
 @kopf.index("v1", "nodes")
-def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
-    """Every Node, as a plain dict (the planner reads labels, allocatable, taints, conditions)."""
-    plain: dict[str, Any] = json.loads(json.dumps(dict(body)))
-    return {name: plain}
+def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, bool]:
+    """Every Node event: keep its facts in the watch cache (derived once per change); wake waiting jobs.
+
+    The kopf index itself holds only a flag: kopf calls the handlers below once every index (and so the cache)
+    has seen the initial listing.
+    """
+    if RUNTIME.cache.put_node(body):
+        RUNTIME.capacity_changed()
+    return {name: True}
 
 
 @kopf.index("v1", "pods")
-def gpu_pods(body: kopf.Body, **_: Any) -> dict[str, tuple[str, str, int, str | None]] | None:
-    """Live pods holding GPUs, by node: ``node -> (node, uid, gpus, job label)``."""
-    entry = pod_usage_entry(json.loads(json.dumps(dict(body))))
-    return None if entry is None else {entry[0]: entry}
+def gpu_pods(body: kopf.Body, **_: Any) -> dict[str, bool]:
+    """Every pod event: its GPU usage (and the whole pod for a VerlJob's pod) into the watch cache."""
+    if RUNTIME.cache.put_pod(body):
+        RUNTIME.capacity_changed()
+    return {"pods": True}
 
 
 @kopf.index(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
-def verl_jobs(
-    namespace: str, name: str, uid: str, status: kopf.Status, **_: Any
-) -> dict[tuple[str, str], tuple[str, str | None, tuple[str, tuple[str, ...], int] | None]]:
-    """Every VerlJob: ``(namespace, name) -> (uid, phase, reservation)``; placed jobs reserve their nodes."""
-    phase = status.get("phase")
-    placement = status.get("placement") or {}
-    reservation = None
-    if phase in ACTIVE_PHASES and placement.get("nodes"):
-        reservation = (uid, tuple(placement["nodes"]), int(placement.get("gpusPerNode") or 0))
-    return {(namespace, name): (uid, phase, reservation)}
+def verl_jobs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], bool]:
+    """Every VerlJob event: the object into the watch cache; a job that gave its GPUs back wakes waiting jobs."""
+    if RUNTIME.cache.put_job(body):
+        RUNTIME.capacity_changed()
+    return {(namespace, name): True}
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
-def job_event(namespace: str, name: str, gpu_nodes: Any, gpu_pods: Any, verl_jobs: Any, **_: Any) -> None:
-    """Any change of a VerlJob: reconcile it."""
-    RUNTIME.bind(gpu_nodes, gpu_pods, verl_jobs)
+def job_event(type: str | None, namespace: str, name: str, **_: Any) -> None:
+    """Any change of a VerlJob: reconcile it (a deleted one: release its pods); a deleted placed job frees GPUs."""
+    RUNTIME.mark_ready()
+    freed = type == "DELETED" and RUNTIME.cache.drop_job((namespace, name))
     RUNTIME.enqueue((namespace, name))
+    if freed:
+        RUNTIME.capacity_changed()
 
 
-@kopf.on.event("v1", "pods", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
-def pod_event(
-    namespace: str, labels: kopf.Labels, gpu_nodes: Any, gpu_pods: Any, verl_jobs: Any, **_: Any
-) -> None:
-    """Any change of a Ray pod: reconcile its job."""
-    RUNTIME.bind(gpu_nodes, gpu_pods, verl_jobs)
-    RUNTIME.enqueue((namespace, str(labels[LABEL_JOB])))
+@kopf.on.event("v1", "pods")  # type: ignore[arg-type]
+def pod_event(type: str | None, namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> None:
+    """Any change of a Ray pod: reconcile its job; a deleted GPU pod frees capacity."""
+    RUNTIME.mark_ready()
+    if type == "DELETED" and RUNTIME.cache.drop_pod(body):
+        RUNTIME.capacity_changed()
+    job = labels.get(LABEL_JOB)
+    if job:
+        RUNTIME.enqueue((namespace, str(job)))
 
 
-@kopf.on.event("v1", "nodes")  # type: ignore[arg-type]
-def node_event(gpu_nodes: Any, gpu_pods: Any, verl_jobs: Any, **_: Any) -> None:
-    """Nodes changing only refresh the bound indices; waiting jobs are retried at each resync."""
-    RUNTIME.bind(gpu_nodes, gpu_pods, verl_jobs)
+@kopf.on.event("v1", "nodes")
+def node_event(type: str | None, name: str, **_: Any) -> None:
+    """A deleted Node leaves the cache (its other changes reach the cache through the index)."""
+    RUNTIME.mark_ready()
+    if type == "DELETED" and RUNTIME.cache.drop_node(name):
+        RUNTIME.capacity_changed()
 
 
-def validate_job(spec: kopf.Spec, old: kopf.Body | None, gpu_nodes: Any, **_: Any) -> None:
+def validate_job(spec: kopf.Spec, old: kopf.Body | None, **_: Any) -> None:
     """Deny a VerlJob that the API models or the planner reject; the message lists every violation."""
-    nodes = [v for store in list(gpu_nodes.values()) for v in list(store)]
     old_spec = dict(old.get("spec") or {}) if old is not None else None
-    problems = admission_problems(dict(spec), old_spec, nodes)
+    problems = admission_problems(dict(spec), old_spec, RUNTIME.cache.node_list())
     if problems:
         metrics.ADMISSION_DENIALS.inc()
         raise kopf.AdmissionError("VerlJob rejected:\n" + "\n".join(f"- {p}" for p in problems), code=422)
@@ -134,8 +138,9 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         )
         settings.admission.managed = cfg.webhook_managed
     api = _client_from(cfg.kubeconfig)
-    reconciler = JobReconciler(Kube(api), RUNTIME.snapshot)
-    _TASKS.append(asyncio.create_task(RUNTIME.run(reconciler, cfg.resync_seconds)))
+    cache = RUNTIME.cache
+    reconciler = JobReconciler(CachedKube(api, cache), cache.snapshot, facts_of=cache.facts_of)
+    _TASKS.append(asyncio.create_task(RUNTIME.run(reconciler, cfg.resync_seconds, cfg.workers)))
 
 
 def _client_from(kubeconfig: str | None) -> client.ApiClient:

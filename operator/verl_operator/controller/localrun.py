@@ -34,7 +34,8 @@ class LocalOperator:
             segments); None runs without admission.
         namespaces: Namespace patterns to watch (empty: cluster-wide).
         env: Extra environment variables of the process.
-        resync_seconds: ``--resync-seconds``.
+        resync_seconds: ``--resync-seconds``; None: the operator's default (minutes: changes, freed capacity
+            and scheduled TTL/deadline wake-ups drive every reconcile).
     """
 
     def __init__(
@@ -44,7 +45,7 @@ class LocalOperator:
         webhook_name: str | None = "local.verl-operator.io",
         namespaces: tuple[str, ...] = (),
         env: Mapping[str, str] | None = None,
-        resync_seconds: float = 1.0,
+        resync_seconds: float | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.workdir = workdir
@@ -82,8 +83,9 @@ class LocalOperator:
             f"--workdir={self.workdir}",
             f"--health-port={self.health_port}",
             f"--metrics-port={self.metrics_port}",
-            f"--resync-seconds={self.resync_seconds}",
         ]
+        if self.resync_seconds is not None:
+            argv.append(f"--resync-seconds={self.resync_seconds}")
         if self.webhook_name:
             argv += [f"--webhook-port={self.webhook_port}", f"--webhook-managed={self.webhook_name}"]
         argv += [f"--namespace={ns}" for ns in self.namespaces]

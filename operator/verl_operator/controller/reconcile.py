@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -19,7 +20,7 @@ from verl_operator.api.spec import VerlJobSpec
 from verl_operator.controller import config, metrics
 from verl_operator.controller.assess import assess, pod_phase
 from verl_operator.controller.kube import Kube, MissingAPIError, now_iso
-from verl_operator.controller.snapshot import Reservations, Snapshot, gpus_in_use, node_capacity
+from verl_operator.controller.snapshot import Reservations, Snapshot, gpus_in_use
 from verl_operator.controller.status import (
     FINISHED,
     condition,
@@ -33,7 +34,7 @@ from verl_operator.manifests.launchspec import LAUNCH_KEY
 from verl_operator.manifests.names import GANG_GATE, LABEL_ATTEMPT
 from verl_operator.placement import place, request_from_plan
 from verl_operator.planner import plan_job
-from verl_operator.planner.facts import node_facts
+from verl_operator.planner.facts import NodeFacts
 
 log = logging.getLogger("verl_operator.reconcile")
 
@@ -42,13 +43,32 @@ CREATE_DELAY_ENV = "VERL_OPERATOR_CREATE_DELAY_SECONDS"
 
 
 class JobReconciler:
-    """Reconciles VerlJobs one at a time (the caller serialises calls, so placements never race)."""
+    """Reconciles VerlJobs; different jobs may be reconciled at once in worker threads.
 
-    def __init__(self, kube: Kube, snapshot: Callable[[], Snapshot], clock: Callable[[], float] = time.time):
+    The caller never runs two passes of one job at the same time. Placement (plan, choose nodes, record the
+    reservation and write ``status.placement``) holds :attr:`placement_lock`, so two jobs never take the same
+    GPUs; everything else (reading pods, creating children, writing status) runs concurrently.
+
+    Args:
+        kube: The API calls.
+        snapshot: Nodes, GPU pods and reservations now (called under the placement lock).
+        clock: Seconds since the epoch.
+        facts_of: The facts of one node by name (default: looked up in a fresh snapshot).
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        snapshot: Callable[[], Snapshot],
+        clock: Callable[[], float] = time.time,
+        facts_of: Callable[[str], NodeFacts | None] | None = None,
+    ):
         self.kube = kube
         self.snapshot = snapshot
         self.clock = clock
+        self.facts_of = facts_of or (lambda name: self.snapshot().facts_of(name))
         self.reservations = Reservations()
+        self.placement_lock = threading.Lock()
 
     # ---- status writing -------------------------------------------------------------------------------
     def _write(
@@ -115,7 +135,8 @@ class JobReconciler:
             return
         placement = status.get("placement")
         if not placement or placement.get("attempt") != status.get("attempt", 0):
-            self._plan_and_place(job, spec)
+            with self.placement_lock:
+                self._plan_and_place(job, spec)
             return
         self._run(job, spec)
 
@@ -239,7 +260,7 @@ class JobReconciler:
                 ("Normal", "HandedOff", f"plan {mesh_string(plan)}; placement handed to {who}"),
             )
             return
-        capacities = [node_capacity(n) for n in snap.nodes]
+        capacities = snap.node_capacities()
         request = request_from_plan(plan, spec)
         used = gpus_in_use(
             snap.pod_entries,
@@ -280,9 +301,8 @@ class JobReconciler:
         plan = status["plan"]
         nodes = tuple(status["placement"].get("nodes") or ())
         product, memory = None, None
-        by_name = {str(n["metadata"]["name"]): n for n in self.snapshot().nodes}
-        if nodes and nodes[0] in by_name:
-            facts = node_facts(by_name[nodes[0]])
+        facts = self.facts_of(nodes[0]) if nodes else None
+        if facts is not None:
             product, memory = facts.gpu_product or None, facts.gpu_memory_mib
         return LaunchPlan.from_plan_json(
             plan,

@@ -1,98 +1,159 @@
-"""The reconcile loop: a de-duplicating work queue of jobs, a periodic resync, one pass at a time."""
+"""The reconcile loop: an event-driven, de-duplicating work queue of jobs with a few workers and timers.
+
+A job is queued when its object or one of its pods changes, when capacity it may be waiting for appears (a Node
+fact changes, GPUs are freed), when its TTL or active deadline comes due (a scheduled wake-up), and at the
+safety resync (every job, every ``resync`` seconds; minutes by default). Nothing is polled.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
-from collections.abc import Mapping
-from typing import Any
+import time
 
 from verl_operator.controller import metrics
+from verl_operator.controller.cache import JobKey, WatchCache
 from verl_operator.controller.reconcile import JobReconciler
-from verl_operator.controller.snapshot import Snapshot
+from verl_operator.controller.timers import next_due
 
 log = logging.getLogger("verl_operator.runtime")
-JobKey = tuple[str, str]
 
-
-def _values(index: Mapping[Any, Any]) -> list[Any]:
-    out: list[Any] = []
-    for store in list(index.values()):
-        out.extend(list(store))
-    return out
+#: Seconds between two refreshes of the jobs-by-phase gauge while jobs change.
+PHASE_GAUGE_SECONDS = 1.0
 
 
 class Runtime:
-    """Holds the kopf indices and runs the reconciler for queued jobs.
+    """Owns the watch cache and runs the reconciler for queued jobs.
 
-    Handlers (which kopf calls only once every index is populated) bind the live indices and enqueue jobs;
-    :meth:`run` processes them one by one, so two placements never race, and re-queues every job each
-    ``resync`` seconds.
+    Handlers (which kopf calls only once every index, and so the cache, is populated) call :meth:`mark_ready`
+    and :meth:`enqueue`; :meth:`run` hands queued jobs to up to ``workers`` worker threads. One job is never
+    reconciled twice at once (a job queued while it runs is run again afterwards); placements are serialised
+    by the reconciler's placement lock.
     """
 
     def __init__(self) -> None:
-        self.nodes: Mapping[Any, Any] | None = None
-        self.pods: Mapping[Any, Any] | None = None
-        self.jobs: Mapping[Any, Any] | None = None
+        self.cache = WatchCache()
         self.pending: set[JobKey] = set()
+        self.running: set[JobKey] = set()
+        self.again: set[JobKey] = set()
+        self.timers: list[tuple[float, JobKey]] = []
+        self.due: dict[JobKey, float] = {}
         self.wakeup: asyncio.Event | None = None
         self.ready: asyncio.Event | None = None
+        self._is_ready = False
+        self.phases_dirty = True
 
-    def bind(self, nodes: Mapping[Any, Any], pods: Mapping[Any, Any], jobs: Mapping[Any, Any]) -> None:
-        """Remember the live kopf indices (they are complete when the first handler runs)."""
-        self.nodes, self.pods, self.jobs = nodes, pods, jobs
-        if self.ready is not None:
-            self.ready.set()
+    def mark_ready(self) -> None:
+        """Called by every handler: kopf runs handlers only after the initial listing filled the cache."""
+        if not self._is_ready:
+            self._is_ready = True
+            if self.ready is not None:
+                self.ready.set()
 
     def enqueue(self, key: JobKey) -> None:
-        """Reconcile ``(namespace, name)`` soon."""
-        self.pending.add(key)
+        """Reconcile ``(namespace, name)`` soon (call from the event loop)."""
+        self.phases_dirty = True
+        if key in self.running:
+            self.again.add(key)
+        else:
+            self.pending.add(key)
         if self.wakeup is not None:
             self.wakeup.set()
 
-    def snapshot(self) -> Snapshot:
-        """Nodes, GPU pods and placed jobs, copied from the indices (called in the event loop thread)."""
-        assert self.nodes is not None and self.pods is not None and self.jobs is not None
-        jobs = _values(self.jobs)
-        return Snapshot(
-            nodes=_values(self.nodes),
-            pod_entries=_values(self.pods),
-            reservations=[j[2] for j in jobs if j[2] is not None],
-            live_uids=frozenset(j[0] for j in jobs),
-            live_jobs=frozenset(f"{ns}/{name}" for ns, name in list(self.jobs.keys())),
-        )
+    def capacity_changed(self) -> None:
+        """Capacity appeared or changed: queue every job still waiting to be placed."""
+        for key in self.cache.waiting_for_capacity():
+            self.enqueue(key)
 
-    async def run(self, reconciler: JobReconciler, resync: float) -> None:
-        """Process the queue forever (cancelled at operator shutdown)."""
+    def schedule(self, key: JobKey, epoch: float) -> None:
+        """Queue the job at ``epoch`` (seconds since the epoch); a time already past is not scheduled again.
+
+        One wake-up per job: a new time replaces the old one.
+        """
+        if epoch <= time.time() or self.due.get(key) == epoch:
+            return
+        self.due[key] = epoch
+        heapq.heappush(self.timers, (epoch, key))
+        if self.wakeup is not None:
+            self.wakeup.set()
+
+    async def _one(self, reconciler: JobReconciler, key: JobKey) -> None:
+        ns, name = key
+        metrics.RECONCILES.inc()
+        try:
+            await asyncio.to_thread(reconciler.reconcile, ns, name)
+        except Exception:
+            metrics.RECONCILE_ERRORS.inc()
+            log.exception("reconcile of %s/%s failed; retrying at the next change or resync", ns, name)
+        finally:
+            self.running.discard(key)
+            job = self.cache.job(ns, name)
+            due = next_due(job) if job is not None else None
+            if due is not None:
+                self.schedule(key, due)
+            if key in self.again:
+                self.again.discard(key)
+                self.pending.add(key)
+            if self.wakeup is not None:
+                self.wakeup.set()
+
+    async def run(self, reconciler: JobReconciler, resync: float, workers: int = 4) -> None:
+        """Process the queue forever (cancelled at operator shutdown).
+
+        Args:
+            reconciler: Reconciles one job per call (in a worker thread).
+            resync: Seconds between two safety resyncs of every job.
+            workers: Jobs reconciled at once.
+        """
         self.wakeup = asyncio.Event()
         self.ready = asyncio.Event()
-        if self.nodes is not None:
+        if self._is_ready:
             self.ready.set()
         await self.ready.wait()
         loop = asyncio.get_running_loop()
+        tasks: set[asyncio.Task[None]] = set()
         next_resync = 0.0
-        while True:
-            if loop.time() >= next_resync:
-                assert self.jobs is not None
-                for key in list(self.jobs.keys()):
-                    self.pending.add(key)
-                metrics.set_job_phases(j[1] for j in _values(self.jobs))
-                next_resync = loop.time() + resync
-            keys, self.pending = sorted(self.pending), set()
-            for ns, name in keys:
-                snap = self.snapshot()
-                reconciler.snapshot = lambda snap=snap: snap  # type: ignore[misc]
-                metrics.RECONCILES.inc()
-                try:
-                    await asyncio.to_thread(reconciler.reconcile, ns, name)
-                except Exception:
-                    metrics.RECONCILE_ERRORS.inc()
-                    log.exception("reconcile of %s/%s failed; retrying at the next resync", ns, name)
-            self.wakeup.clear()
-            if not self.pending:
+        last_gauge = 0.0
+        try:
+            while True:
+                now = loop.time()
+                if now >= next_resync:
+                    for key in self.cache.job_keys():
+                        self.enqueue(key)
+                    next_resync = now + resync
+                epoch = time.time()
+                while self.timers and self.timers[0][0] <= epoch:
+                    at, key = heapq.heappop(self.timers)
+                    if self.due.get(key) == at:
+                        del self.due[key]
+                        self.enqueue(key)
+                if self.phases_dirty and now - last_gauge >= PHASE_GAUGE_SECONDS:
+                    metrics.set_job_phases(self.cache.phases())
+                    self.phases_dirty, last_gauge = False, now
+                for key in sorted(self.pending - self.running):
+                    if len(self.running) >= workers:
+                        break
+                    self.pending.discard(key)
+                    self.running.add(key)
+                    task = asyncio.create_task(self._one(reconciler, key))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                self.wakeup.clear()
+                if self.pending - self.running and len(self.running) < workers:
+                    continue
+                horizon = next_resync - loop.time()
+                if self.timers:
+                    horizon = min(horizon, self.timers[0][0] - time.time())
+                if self.phases_dirty:
+                    horizon = min(horizon, PHASE_GAUGE_SECONDS)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wakeup.wait(), timeout=max(0.05, next_resync - loop.time()))
+                    await asyncio.wait_for(self.wakeup.wait(), timeout=max(0.01, horizon))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 RUNTIME = Runtime()

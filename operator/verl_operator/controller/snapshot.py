@@ -8,14 +8,14 @@ from typing import Any
 
 from verl_operator.manifests.names import ANNOTATION_NODE, LABEL_JOB
 from verl_operator.placement import NodeCapacity
-from verl_operator.planner.facts import node_facts
+from verl_operator.planner.facts import NodeFacts, node_facts
 
 TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})
 
 
-def node_capacity(node: Mapping[str, Any]) -> NodeCapacity:
-    """A :class:`NodeCapacity` from a Node object (through the planner's facts)."""
-    facts = node_facts(node)
+def node_capacity(node: Mapping[str, Any] | NodeFacts) -> NodeCapacity:
+    """A :class:`NodeCapacity` from a Node object or its facts (through the planner's facts)."""
+    facts = node if isinstance(node, NodeFacts) else node_facts(node)
     return NodeCapacity(
         name=facts.name,
         labels=dict(facts.labels),
@@ -91,18 +91,48 @@ def gpus_in_use(
 
 @dataclass
 class Snapshot:
-    """What the reconciler reads from the in-memory indices for one pass."""
+    """What the reconciler reads from the watch cache for one placement.
 
-    nodes: Sequence[Mapping[str, Any]]
+    Attributes:
+        nodes: Every node's facts (Node objects are accepted too).
+        pod_entries: ``(node, pod uid, gpus, "<namespace>/<job>" or None)`` of live GPU pods.
+        reservations: ``(job uid, nodes, gpus per node)`` of placed, unfinished VerlJobs.
+        live_uids: UIDs of existing VerlJobs.
+        live_jobs: ``<namespace>/<name>`` of existing VerlJobs.
+        capacities: The nodes as placement sees them, kept per Node by the cache; None: derive from ``nodes``.
+    """
+
+    nodes: Sequence[Mapping[str, Any] | NodeFacts]
     pod_entries: Sequence[tuple[str, str, int, str | None]]
     reservations: Sequence[tuple[str, tuple[str, ...], int]]
     live_uids: frozenset[str] = frozenset()
     live_jobs: frozenset[str] = frozenset()
+    capacities: Sequence[NodeCapacity] | None = None
+
+    def node_capacities(self) -> list[NodeCapacity]:
+        """:attr:`capacities`, or each node's capacity derived now."""
+        if self.capacities is not None:
+            return list(self.capacities)
+        return [node_capacity(n) for n in self.nodes]
+
+    def facts_of(self, name: str) -> NodeFacts | None:
+        """The facts of one node, or None when it is unknown."""
+        for node in self.nodes:
+            facts = node if isinstance(node, NodeFacts) else None
+            if facts is not None and facts.name == name:
+                return facts
+            if facts is None and str((node.get("metadata") or {}).get("name")) == name:  # type: ignore[union-attr]
+                return node_facts(node)  # type: ignore[arg-type]
+        return None
 
 
 @dataclass
 class Reservations:
-    """Placements decided by this process that the job index may not show yet (uid -> nodes, GPUs per node)."""
+    """Placements decided by this process that the job index may not show yet (uid -> nodes, GPUs per node).
+
+    Reconciles of different jobs run in worker threads: reads take a copy (``list``/``dict`` of a dict are
+    single operations under the GIL), so a release by one job never breaks another's iteration.
+    """
 
     decided: dict[str, tuple[tuple[str, ...], int]] = field(default_factory=dict)
 
@@ -110,8 +140,8 @@ class Reservations:
         self, indexed: Sequence[tuple[str, tuple[str, ...], int]], live_uids: frozenset[str]
     ) -> list[tuple[str, tuple[str, ...], int]]:
         """Index reservations overridden by this process's newer decisions; deleted jobs reserve nothing."""
-        for uid in [u for u in self.decided if u not in live_uids]:
-            del self.decided[uid]
+        for uid in [u for u in list(self.decided) if u not in live_uids]:
+            self.decided.pop(uid, None)
         out = {uid: (nodes, gpn) for uid, nodes, gpn in indexed}
-        out.update(self.decided)
+        out.update(dict(self.decided))
         return [(uid, nodes, gpn) for uid, (nodes, gpn) in sorted(out.items())]

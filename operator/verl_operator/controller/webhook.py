@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner import plan_job
 from verl_operator.planner.budget import Budget
+from verl_operator.planner.facts import NodeFacts
 
 LOG = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def field_path(loc: Sequence[int | str]) -> str:
 def admission_problems(
     spec: Mapping[str, Any] | None,
     old_spec: Mapping[str, Any] | None,
-    nodes: Sequence[Mapping[str, Any]],
+    nodes: Sequence[Mapping[str, Any] | NodeFacts],
     clock: Callable[[], float] = time.monotonic,
 ) -> list[str]:
     """Why a VerlJob must be denied (empty: admit).
@@ -53,7 +54,7 @@ def admission_problems(
     Args:
         spec: The new ``spec``.
         old_spec: The old ``spec`` on UPDATE, else None.
-        nodes: The cluster's Node objects.
+        nodes: The cluster's Node objects, or their facts (the operator keeps them per Node).
         clock: A monotonic clock in seconds (for the planning deadline).
 
     Returns:

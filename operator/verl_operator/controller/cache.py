@@ -1,0 +1,247 @@
+"""The operator's watch cache: what the reconciler reads instead of GETting and LISTing on every pass.
+
+kopf's watch streams feed it (the index functions in ``handlers.py`` call :meth:`WatchCache.put_node`,
+:meth:`WatchCache.put_pod` and :meth:`WatchCache.put_job` for every event; ``DELETED`` events call the
+``drop_*`` methods). It keeps:
+
+* per Node, its :class:`~verl_operator.planner.facts.NodeFacts` and :class:`NodeCapacity`, derived once per
+  change of the Node (a heartbeat that changes no fact leaves both untouched and wakes nothing);
+* per pod holding GPUs, its usage entry; per VerlJob pod, the pod itself (a plain dict), by job;
+* per VerlJob, the object.
+
+Everything is guarded by one lock: the event loop writes, reconciles in worker threads read copies. Writes the
+operator makes itself are put back from the API server's response (:class:`CachedKube`), so a reconcile that
+runs before the watch event arrives reads its own writes; an event older than what is stored (by
+``resourceVersion``) is ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Mapping
+from typing import Any, cast
+
+from verl_operator.api.spec import GROUP, PLURAL, VERSION
+from verl_operator.controller.kube import Kube
+from verl_operator.controller.snapshot import Snapshot, node_capacity, pod_usage_entry
+from verl_operator.manifests.names import LABEL_JOB
+from verl_operator.placement import NodeCapacity
+from verl_operator.planner.facts import NodeFacts, node_facts
+
+JobKey = tuple[str, str]
+ACTIVE_PHASES = frozenset({"Starting", "Running"})
+
+
+def _rv(obj: Mapping[str, Any]) -> int | None:
+    """The object's ``resourceVersion`` as a number (etcd's revision), None when absent or not numeric."""
+    value = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(value) if value.isdigit() else None
+
+
+def _newer(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    if old is None:
+        return True
+    a, b = _rv(new), _rv(old)
+    return a is None or b is None or a >= b
+
+
+def reservation(job: Mapping[str, Any]) -> tuple[str, tuple[str, ...], int] | None:
+    """``(uid, nodes, gpus per node)`` of a placed, unfinished VerlJob, else None."""
+    status = job.get("status") or {}
+    placement = status.get("placement") or {}
+    if status.get("phase") in ACTIVE_PHASES and placement.get("nodes"):
+        uid = str((job.get("metadata") or {}).get("uid", ""))
+        return uid, tuple(placement["nodes"]), int(placement.get("gpusPerNode") or 0)
+    return None
+
+
+class WatchCache:
+    """Nodes (as facts), GPU pods, VerlJob pods and VerlJobs, as the watch streams last showed them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.facts: dict[str, NodeFacts] = {}
+        self.capacities: dict[str, NodeCapacity] = {}
+        self.gpu_entries: dict[str, tuple[str, str, int, str | None]] = {}
+        self.job_pods_by_job: dict[JobKey, dict[str, dict[str, Any]]] = {}
+        self.jobs: dict[JobKey, dict[str, Any]] = {}
+        #: Node facts recomputed (a Node changed a fact) since start: the benchmark and the tests read it.
+        self.node_fact_changes = 0
+
+    # ---- writes (event loop) ----------------------------------------------------------------------------
+    def put_node(self, node: Mapping[str, Any]) -> bool:
+        """Store a Node's facts; True when a fact changed (new node, labels, capacity, taints, readiness)."""
+        facts = node_facts(node)
+        with self.lock:
+            if self.facts.get(facts.name) == facts:
+                return False
+            self.facts[facts.name] = facts
+            self.capacities[facts.name] = node_capacity(facts)
+            self.node_fact_changes += 1
+            return True
+
+    def drop_node(self, name: str) -> bool:
+        """Forget a deleted Node; True when it was known."""
+        with self.lock:
+            self.capacities.pop(name, None)
+            return self.facts.pop(name, None) is not None
+
+    def put_pod(self, pod: Mapping[str, Any]) -> bool:
+        """Store a pod (its GPU usage; the whole pod when it belongs to a VerlJob).
+
+        Returns:
+            True when the pod stopped holding GPUs (it finished, or lost its node): capacity was freed.
+        """
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        entry = pod_usage_entry(pod)
+        job = (meta.get("labels") or {}).get(LABEL_JOB)
+        with self.lock:
+            if job:
+                pods = self.job_pods_by_job.setdefault((str(meta.get("namespace", "")), str(job)), {})
+                name = str(meta.get("name", ""))
+                if not _newer(pod, pods.get(name)):
+                    return False
+                pods[name] = copy.deepcopy(dict(pod))
+            before = self.gpu_entries.pop(uid, None)
+            if entry is not None:
+                self.gpu_entries[uid] = entry
+            return before is not None and entry is None
+
+    def drop_pod(self, pod: Mapping[str, Any]) -> bool:
+        """Forget a deleted pod; True when it held GPUs."""
+        meta = pod.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(LABEL_JOB)
+        with self.lock:
+            if job:
+                key = (str(meta.get("namespace", "")), str(job))
+                pods = self.job_pods_by_job.get(key, {})
+                pods.pop(str(meta.get("name", "")), None)
+                if not pods:
+                    self.job_pods_by_job.pop(key, None)
+            return self.gpu_entries.pop(str(meta.get("uid", "")), None) is not None
+
+    def put_job(self, job: Mapping[str, Any]) -> bool:
+        """Store a VerlJob (ignored when older than the stored one).
+
+        Returns:
+            True when the job gave its GPUs back (it had a reservation and has none now: finished, suspended,
+            restarting).
+        """
+        meta = job.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        with self.lock:
+            old = self.jobs.get(key)
+            if not _newer(job, old):
+                return False
+            self.jobs[key] = copy.deepcopy(dict(job))
+            return old is not None and reservation(old) is not None and reservation(job) is None
+
+    def drop_job(self, key: JobKey) -> bool:
+        """Forget a deleted VerlJob; True when it held a reservation."""
+        with self.lock:
+            old = self.jobs.pop(key, None)
+            return old is not None and reservation(old) is not None
+
+    # ---- reads (any thread) -------------------------------------------------------------------------------
+    def job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A copy of the VerlJob, or None when the cache has none."""
+        with self.lock:
+            job = self.jobs.get((namespace, name))
+            return copy.deepcopy(job) if job is not None else None
+
+    def job_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """Copies of the job's pods (by the ``verl-operator.io/job`` label), sorted by name."""
+        with self.lock:
+            pods = self.job_pods_by_job.get((namespace, name), {})
+            return [copy.deepcopy(pods[n]) for n in sorted(pods)]
+
+    def job_keys(self) -> list[JobKey]:
+        """Every known VerlJob."""
+        with self.lock:
+            return sorted(self.jobs)
+
+    def phases(self) -> list[str | None]:
+        """The phase of every known VerlJob."""
+        with self.lock:
+            return [(j.get("status") or {}).get("phase") for j in self.jobs.values()]
+
+    def waiting_for_capacity(self) -> list[JobKey]:
+        """Jobs that are Pending (not placed): a change of capacity may let them start."""
+        with self.lock:
+            return sorted(
+                k
+                for k, j in self.jobs.items()
+                if (j.get("status") or {}).get("phase") in (None, "Pending")
+                and not (j.get("status") or {}).get("placement")
+            )
+
+    def facts_of(self, name: str) -> NodeFacts | None:
+        """One node's facts (None when unknown)."""
+        with self.lock:
+            return self.facts.get(name)
+
+    def node_list(self) -> list[NodeFacts]:
+        """Every node's facts."""
+        with self.lock:
+            return list(self.facts.values())
+
+    def snapshot(self) -> Snapshot:
+        """Nodes, GPU pods and placed jobs now (a consistent copy, taken under the lock)."""
+        with self.lock:
+            jobs = list(self.jobs.values())
+            return Snapshot(
+                nodes=list(self.facts.values()),
+                pod_entries=list(self.gpu_entries.values()),
+                reservations=[r for r in (reservation(j) for j in jobs) if r is not None],
+                live_uids=frozenset(str(j["metadata"].get("uid", "")) for j in jobs),
+                live_jobs=frozenset(f"{ns}/{name}" for ns, name in self.jobs),
+                capacities=list(self.capacities.values()),
+            )
+
+
+class CachedKube(Kube):
+    """:class:`Kube` whose reads come from the :class:`WatchCache` and whose writes are put back into it."""
+
+    def __init__(self, api: Any, cache: WatchCache) -> None:
+        super().__init__(api)
+        self.cache = cache
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The VerlJob from the cache (None when the watch showed it deleted or never showed it)."""
+        return self.cache.job(namespace, name)
+
+    def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """The job's pods from the cache."""
+        return self.cache.job_pods(namespace, job)
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch ``status`` and store the object the API server returns."""
+        result = self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}
+        )
+        if isinstance(result, Mapping):
+            self.cache.put_job(cast(Mapping[str, Any], result))
+
+    def create(self, manifest: Mapping[str, Any]) -> bool:
+        """Create one child; a created pod is stored at once (the gang release checks every pod exists)."""
+        if manifest["kind"] != "Pod":
+            return super().create(manifest)
+        ns = manifest["metadata"]["namespace"]
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            body: Any = dict(manifest)
+            created = self.core.create_namespaced_pod(ns, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        self.cache.put_pod(self.api.sanitize_for_serialization(created))  # type: ignore[no-untyped-call]
+        return True
+
+    def ungate(self, namespace: str, name: str) -> None:
+        """Remove the pod's scheduling gates and store the pod the API server returns."""
+        pod = self.core.patch_namespaced_pod(name, namespace, {"spec": {"schedulingGates": None}})
+        self.cache.put_pod(self.api.sanitize_for_serialization(pod))  # type: ignore[no-untyped-call]

@@ -1,0 +1,43 @@
+"""When a job needs a reconcile although nothing about it changes: its TTL or its active deadline (pure).
+
+The runtime schedules a wake-up at that time instead of polling every job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from verl_operator.controller.status import FINISHED, parse_time
+
+#: Timestamps in status have whole seconds and the checks compare strictly (``elapsed > deadline``): wake a
+#: second late rather than a moment early.
+MARGIN_SECONDS = 1.0
+
+
+def next_due(job: Mapping[str, Any]) -> float | None:
+    """The epoch second at which the job's TTL or active deadline passes, or None when neither applies.
+
+    Args:
+        job: The VerlJob object.
+
+    Returns:
+        ``completionTime + ttlSecondsAfterFinished`` for a finished job with a TTL;
+        ``startTime + activeDeadlineSeconds`` for a started, unfinished, unsuspended job with a deadline;
+        each plus :data:`MARGIN_SECONDS`. Example: started ``12:00:00Z`` with ``activeDeadlineSeconds: 60``
+        -> ``12:01:01Z``.
+    """
+    spec = job.get("spec") or {}
+    status = job.get("status") or {}
+    phase = status.get("phase")
+    if phase in FINISHED:
+        ttl = spec.get("ttlSecondsAfterFinished")
+        done = parse_time(status.get("completionTime"))
+        if ttl is None or done is None:
+            return None
+        return done + int(ttl) + MARGIN_SECONDS
+    deadline = spec.get("activeDeadlineSeconds")
+    started = parse_time(status.get("startTime"))
+    if deadline is None or started is None or phase == "Suspended" or spec.get("suspend"):
+        return None
+    return started + int(deadline) + MARGIN_SECONDS

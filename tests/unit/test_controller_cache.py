@@ -1,0 +1,265 @@
+"""The watch cache, the timers and the event-driven runtime (no cluster: objects as the watch delivers them)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+from conftest import make_node
+
+from verl_operator.controller.cache import WatchCache, reservation
+from verl_operator.controller.runtime import Runtime
+from verl_operator.controller.timers import MARGIN_SECONDS, next_due
+from verl_operator.manifests.names import LABEL_JOB
+
+
+def with_rv(obj: dict[str, Any], rv: int) -> dict[str, Any]:
+    obj.setdefault("metadata", {})["resourceVersion"] = str(rv)
+    return obj
+
+
+def gpu_pod(
+    name: str, node: str, *, job: str | None = "j1", phase: str = "Running", rv: int = 1
+) -> dict[str, Any]:
+    labels = {LABEL_JOB: job} if job else {}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "labels": labels,
+            "resourceVersion": str(rv),
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "ray", "resources": {"requests": {"nvidia.com/gpu": "8"}}}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+def verljob(
+    name: str, phase: str | None = None, nodes: tuple[str, ...] = (), rv: int = 1, **spec: Any
+) -> dict[str, Any]:
+    status: dict[str, Any] = {}
+    if phase:
+        status["phase"] = phase
+    if nodes:
+        status["placement"] = {"nodes": list(nodes), "gpusPerNode": 8, "attempt": 0}
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "resourceVersion": str(rv)},
+        "spec": spec,
+        "status": status,
+    }
+
+
+def test_a_heartbeat_changes_no_fact_and_wakes_nothing() -> None:
+    cache = WatchCache()
+    node = make_node("n1")
+    assert cache.put_node(node) is True
+    beat = make_node("n1")
+    beat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-12-01T10:00:00Z"
+    assert cache.put_node(beat) is False
+    assert cache.node_fact_changes == 1
+    relabelled = make_node("n1", labels={"network.topology.nvidia.com/leaf": "rack-2"})
+    assert cache.put_node(relabelled) is True
+    assert (
+        cache.facts_of("n1") is not None
+        and cache.facts_of("n1").labels["network.topology.nvidia.com/leaf"] == "rack-2"
+    )  # type: ignore[union-attr]
+    assert cache.snapshot().node_capacities()[0].labels["network.topology.nvidia.com/leaf"] == "rack-2"
+    assert cache.drop_node("n1") is True
+    assert cache.node_list() == []
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "freed"),
+    [
+        pytest.param("Running", "Running", False, id="still-running"),
+        pytest.param("Running", "Failed", True, id="failed-frees"),
+        pytest.param("Running", "Succeeded", True, id="succeeded-frees"),
+        pytest.param("Failed", "Failed", False, id="already-free"),
+    ],
+)
+def test_pod_phase_changes_free_capacity(first: str, second: str, freed: bool) -> None:
+    cache = WatchCache()
+    cache.put_pod(gpu_pod("p", "n1", phase=first, rv=1))
+    assert cache.put_pod(gpu_pod("p", "n1", phase=second, rv=2)) is freed
+
+
+def test_job_pods_are_kept_by_job_and_older_events_are_ignored() -> None:
+    cache = WatchCache()
+    cache.put_pod(gpu_pod("b", "n2", rv=5))
+    cache.put_pod(gpu_pod("a", "n1", rv=6))
+    cache.put_pod(gpu_pod("other", "n3", job=None, rv=7))
+    assert [p["metadata"]["name"] for p in cache.job_pods("ns", "j1")] == ["a", "b"]
+    cache.put_pod(gpu_pod("a", "n1", phase="Pending", rv=4))  # an older event after a newer write
+    assert cache.job_pods("ns", "j1")[0]["status"]["phase"] == "Running"
+    assert sorted(e[0] for e in cache.snapshot().pod_entries) == ["n1", "n2", "n3"]
+    assert cache.drop_pod(gpu_pod("a", "n1")) is True
+    assert [p["metadata"]["name"] for p in cache.job_pods("ns", "j1")] == ["b"]
+
+
+def test_reads_are_copies() -> None:
+    cache = WatchCache()
+    cache.put_job(verljob("j1", "Running", ("n1",)))
+    got = cache.job("ns", "j1")
+    assert got is not None
+    got["status"]["phase"] = "Failed"
+    assert cache.job("ns", "j1")["status"]["phase"] == "Running"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "freed"),
+    [
+        pytest.param(("Starting", ("n1",)), ("Running", ("n1",)), False, id="running"),
+        pytest.param(("Running", ("n1",)), ("Succeeded", ("n1",)), True, id="finished"),
+        pytest.param(("Running", ("n1",)), ("Pending", ()), True, id="restarting"),
+        pytest.param(("Pending", ()), ("Pending", ()), False, id="still-waiting"),
+        pytest.param(("Running", ("n1",)), ("Suspended", ()), True, id="suspended"),
+    ],
+)
+def test_jobs_giving_gpus_back(
+    before: tuple[str, tuple[str, ...]], after: tuple[str, tuple[str, ...]], freed: bool
+) -> None:
+    cache = WatchCache()
+    cache.put_job(verljob("j1", *before, rv=1))
+    assert cache.put_job(verljob("j1", *after, rv=2)) is freed
+
+
+def test_snapshot_reservations_and_waiting_jobs() -> None:
+    cache = WatchCache()
+    cache.put_job(verljob("placed", "Running", ("n1", "n2")))
+    cache.put_job(verljob("waiting", "Pending"))
+    cache.put_job(verljob("new"))
+    cache.put_job(verljob("done", "Succeeded", ("n3",)))
+    snap = cache.snapshot()
+    assert snap.reservations == [("uid-placed", ("n1", "n2"), 8)]
+    assert snap.live_jobs == frozenset({"ns/placed", "ns/waiting", "ns/new", "ns/done"})
+    assert cache.waiting_for_capacity() == [("ns", "new"), ("ns", "waiting")]
+    assert reservation(verljob("x", "Starting", ("n9",))) == ("uid-x", ("n9",), 8)
+    assert cache.drop_job(("ns", "placed")) is True
+    assert cache.drop_job(("ns", "waiting")) is False
+
+
+START, DONE = "2026-12-01T12:00:00Z", "2026-12-01T13:00:00Z"
+T_START = 1796126400.0  # 2026-12-01T12:00:00Z
+T_DONE = T_START + 3600
+
+
+@pytest.mark.parametrize(
+    ("job", "due"),
+    [
+        pytest.param(
+            {
+                "spec": {"ttlSecondsAfterFinished": 30},
+                "status": {"phase": "Succeeded", "completionTime": DONE},
+            },
+            T_DONE + 30 + MARGIN_SECONDS,
+            id="ttl",
+        ),
+        pytest.param(
+            {"spec": {}, "status": {"phase": "Failed", "completionTime": DONE}}, None, id="finished-no-ttl"
+        ),
+        pytest.param(
+            {"spec": {"activeDeadlineSeconds": 60}, "status": {"phase": "Running", "startTime": START}},
+            T_START + 60 + MARGIN_SECONDS,
+            id="deadline",
+        ),
+        pytest.param(
+            {"spec": {"activeDeadlineSeconds": 60}, "status": {"phase": "Suspended", "startTime": START}},
+            None,
+            id="suspended",
+        ),
+        pytest.param({"spec": {"activeDeadlineSeconds": 60}, "status": {}}, None, id="not-started"),
+        pytest.param(
+            {"spec": {}, "status": {"phase": "Running", "startTime": START}}, None, id="no-deadline"
+        ),
+    ],
+)
+def test_next_due(job: dict[str, Any], due: float | None) -> None:
+    assert next_due(job) == due
+
+
+class FakeReconciler:
+    """Records passes; each takes ``seconds``; fails if one job is ever reconciled twice at once."""
+
+    def __init__(self, seconds: float = 0.05) -> None:
+        self.seconds = seconds
+        self.calls: list[tuple[str, str]] = []
+        self.active: set[tuple[str, str]] = set()
+        self.peak = 0
+        self.overlap_of_one_job = False
+        self.lock = threading.Lock()
+
+    def reconcile(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        with self.lock:
+            self.overlap_of_one_job |= key in self.active
+            self.active.add(key)
+            self.calls.append(key)
+            self.peak = max(self.peak, len(self.active))
+        time.sleep(self.seconds)
+        with self.lock:
+            self.active.discard(key)
+
+
+async def _drive(
+    runtime: Runtime, fake: FakeReconciler, seconds: float, workers: int, resync: float = 600.0
+) -> None:
+    runtime.mark_ready()
+    task = asyncio.create_task(runtime.run(fake, resync, workers))  # type: ignore[arg-type]
+    await asyncio.sleep(seconds)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+def test_jobs_run_concurrently_but_one_job_never_twice_at_once() -> None:
+    runtime, fake = Runtime(), FakeReconciler(seconds=0.1)
+
+    async def main() -> None:
+        for i in range(8):
+            runtime.enqueue(("ns", f"j{i}"))
+        driver = asyncio.create_task(_drive(runtime, fake, 0.8, workers=4))
+        for _ in range(5):  # the same job queued again while it runs: one more pass, never two at once
+            await asyncio.sleep(0.02)
+            runtime.enqueue(("ns", "j0"))
+        await driver
+
+    asyncio.run(main())
+    assert fake.peak == 4
+    assert not fake.overlap_of_one_job
+    assert {k for k in fake.calls} == {("ns", f"j{i}") for i in range(8)}
+    assert 2 <= fake.calls.count(("ns", "j0")) <= 3
+
+
+def test_idle_runtime_reconciles_nothing_until_the_resync() -> None:
+    runtime, fake = Runtime(), FakeReconciler()
+    runtime.cache.put_job(verljob("j1", "Running", ("n1",)))
+
+    asyncio.run(_drive(runtime, fake, 0.6, workers=2, resync=0.25))
+    # t=0 (the first resync), t=0.25 and t=0.5: three passes in 0.6 s (two on a loaded machine), none between.
+    assert 2 <= fake.calls.count(("ns", "j1")) <= 3
+
+
+def test_a_scheduled_wakeup_fires_once() -> None:
+    runtime, fake = Runtime(), FakeReconciler(seconds=0.0)
+    runtime.cache.put_job(verljob("j1", "Running", ("n1",)))
+
+    async def main() -> None:
+        driver = asyncio.create_task(_drive(runtime, fake, 0.7, workers=1))
+        await asyncio.sleep(0.1)
+        calls = len(fake.calls)  # the initial resync
+        at = time.time() + 0.3
+        runtime.schedule(("ns", "j1"), at)
+        runtime.schedule(("ns", "j1"), at)  # asked twice (two passes computed the same due time): one wake-up
+        runtime.schedule(("ns", "j1"), time.time() - 5)  # already past: ignored
+        await asyncio.sleep(0.15)
+        assert len(fake.calls) == calls
+        await driver
+
+    asyncio.run(main())
+    assert fake.calls.count(("ns", "j1")) == 2  # the resync, then the wake-up: no busy loop
