@@ -4,6 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+BENCH_STAMP := $(VENV)/.bench-stamp
 PYTEST := $(BIN)/python -m pytest
 
 .PHONY: venv demo test lint test-unit test-ray test-cluster test-fidelity bench crds clean
@@ -15,6 +16,11 @@ $(STAMP): pyproject.toml
 	touch $@
 
 venv: $(STAMP)
+
+# The bench extra (matplotlib, for the scale benchmark's plots); `make test` never needs it.
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[launcher,test,bench]'
+	touch $@
 
 demo: venv
 	$(BIN)/verl-operator demo
@@ -47,10 +53,14 @@ crds: venv
 	cp crds/verl-operator.io_verljobs.yaml charts/verl-operator/crds/verl-operator.io_verljobs.yaml
 
 # Speed is measured here, not in tests; the numbers are recorded in docs/benchmarks.md.
-bench: venv
+# bench_scale.py builds KubeRay's operator once (cached) and runs both operators on a devcluster; pick sizes
+# with SCALE_ARGS, e.g. `make bench SCALE_ARGS="--scenario 200x1000"`.
+SCALE_ARGS ?=
+bench: $(BENCH_STAMP)
 	$(BIN)/python bench/bench_planner.py
 	$(BIN)/python bench/bench_placement.py
 	$(BIN)/python bench/bench_launcher.py
+	$(BIN)/python bench/bench_scale.py $(SCALE_ARGS)
 
 clean:
 	-$(BIN)/verl-operator devcluster down

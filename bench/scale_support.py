@@ -1,0 +1,237 @@
+"""Pure parts of the scale benchmark: the workload, the equivalent RayClusters, metrics parsing, statistics.
+
+Nothing here touches a cluster or a clock; ``bench/bench_scale.py`` runs it and ``tests/unit`` tests it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+GPU = "nvidia.com/gpu"
+IMAGE = "ghcr.io/example/verl:0.9.1"
+#: Nodes per job, cycled: 1, 2, 4, 8 DGX nodes -> 3.75 pods per job on average (200 jobs = 750 pods).
+JOB_NODES = (1, 2, 4, 8)
+GPUS_PER_NODE = 8
+#: Label KubeRay puts on every pod of a RayCluster.
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+#: Label the verl-operator puts on every pod of a VerlJob.
+VERL_JOB_LABEL = "verl-operator.io/job"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One benchmark size."""
+
+    name: str
+    nodes: int
+    jobs: int
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("idle-1", nodes=4, jobs=1),
+        Scenario("200x1000", nodes=1000, jobs=200),
+        Scenario("1000x5000", nodes=5000, jobs=1000),
+    )
+}
+
+
+def job_nodes(index: int) -> int:
+    """Nodes of the ``index``-th job of the mix."""
+    return JOB_NODES[index % len(JOB_NODES)]
+
+
+def job_name(index: int) -> str:
+    """The name of the ``index``-th job (the same for the VerlJob and its RayCluster)."""
+    return f"job-{index:04d}"
+
+
+def scale_profile(nodes: int, rack_size: int = 16, group_size: int = 200) -> dict[str, Any]:
+    """A devcluster profile of ``nodes`` DGX H100 nodes (8 GPUs each) in racks of ``rack_size``.
+
+    Profiles cap a node group at 200 nodes, so the nodes come in groups ``sc00``, ``sc01``, ... of
+    ``group_size``, each with its own racks.
+    """
+    groups = []
+    for g, start in enumerate(range(0, nodes, group_size)):
+        count = min(group_size, nodes - start)
+        racks = max(1, math.ceil(count / rack_size))
+        groups.append(
+            {
+                "namePrefix": f"sc{g:02d}",
+                "count": count,
+                "gpu": {
+                    "product": "NVIDIA-H100-80GB-HBM3",
+                    "count": GPUS_PER_NODE,
+                    "memoryMib": 81559,
+                    "family": "hopper",
+                    "machine": "DGX-H100",
+                    "computeMajor": 9,
+                    "computeMinor": 0,
+                },
+                "cpu": "224",
+                "memory": "2Ti",
+                "region": "us-east",
+                "zone": "us-east-1a",
+                "racks": [f"rack-{g:02d}-{i:02d}" for i in range(racks)],
+            }
+        )
+    return {
+        "name": "scale",
+        "description": f"{nodes} x DGX H100 for the scale benchmark",
+        "nodeGroups": groups,
+    }
+
+
+def verljob(index: int, namespace: str) -> dict[str, Any]:
+    """The ``index``-th VerlJob: GRPO on Qwen2.5-7B over ``job_nodes(index)`` whole DGX nodes."""
+    nodes = job_nodes(index)
+    return {
+        "apiVersion": "verl-operator.io/v1alpha1",
+        "kind": "VerlJob",
+        "metadata": {"name": job_name(index), "namespace": namespace},
+        "spec": {
+            "verl": {"image": IMAGE, "version": "0.9"},
+            "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
+            "algorithm": "grpo",
+            "data": {"trainBatchSize": 256, "maxPromptLength": 512, "maxResponseLength": 1024},
+            "rollout": {"n": 8},
+            "resources": {
+                "gpus": nodes * GPUS_PER_NODE,
+                "gpusPerNode": GPUS_PER_NODE,
+                "gpuProduct": "NVIDIA-H100-80GB-HBM3",
+            },
+        },
+    }
+
+
+def invalid_verljob(namespace: str) -> dict[str, Any]:
+    """A VerlJob the planner rejects: 100 prompts x 1 response cannot be split over 16 GPUs."""
+    job = verljob(1, namespace)
+    job["metadata"]["name"] = "invalid-batch"
+    job["spec"]["data"]["trainBatchSize"] = 100
+    job["spec"]["rollout"]["n"] = 1
+    return job
+
+
+def _ray_container(gpus: int) -> dict[str, Any]:
+    res = {"cpu": "16", "memory": "64Gi", GPU: str(gpus)}
+    return {"name": "ray", "image": IMAGE, "resources": {"requests": dict(res), "limits": dict(res)}}
+
+
+def raycluster(index: int, namespace: str) -> dict[str, Any]:
+    """The RayCluster equivalent to :func:`verljob`: a head and ``nodes - 1`` workers, 8 GPUs per pod."""
+    nodes = job_nodes(index)
+    spec: dict[str, Any] = {
+        "headGroupSpec": {
+            "rayStartParams": {},
+            "template": {"spec": {"containers": [_ray_container(GPUS_PER_NODE)]}},
+        },
+        "workerGroupSpecs": [],
+    }
+    if nodes > 1:
+        spec["workerGroupSpecs"].append(
+            {
+                "groupName": "gpu",
+                "replicas": nodes - 1,
+                "minReplicas": nodes - 1,
+                "maxReplicas": nodes - 1,
+                "rayStartParams": {},
+                "template": {"spec": {"containers": [_ray_container(GPUS_PER_NODE)]}},
+            }
+        )
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": job_name(index), "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def raycluster_pod_gpus(cluster: Mapping[str, Any]) -> list[int]:
+    """GPUs requested by each pod a RayCluster asks for (head first)."""
+
+    def gpus(template: Mapping[str, Any]) -> int:
+        return sum(
+            int(c.get("resources", {}).get("requests", {}).get(GPU, 0))
+            for c in template["spec"]["containers"]
+        )
+
+    spec = cluster["spec"]
+    out = [gpus(spec["headGroupSpec"]["template"])]
+    for group in spec.get("workerGroupSpecs") or []:
+        out += [gpus(group["template"])] * int(group["replicas"])
+    return out
+
+
+# ---- API server /metrics --------------------------------------------------------------------------------
+
+_SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>[0-9.eE+-]+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+RequestKey = tuple[str, str]
+
+
+def request_counts(metrics_text: str) -> dict[RequestKey, float]:
+    """``apiserver_request_total`` summed by ``(verb, resource[/subresource])`` from the /metrics text.
+
+    Args:
+        metrics_text: The Prometheus exposition text of the API server.
+
+    Returns:
+        ``(verb, resource)`` -> count, over every code, group, version, scope and component.
+    """
+    out: dict[RequestKey, float] = {}
+    for line in metrics_text.splitlines():
+        match = _SAMPLE.match(line.strip())
+        if not match:
+            continue
+        labels = dict(_LABEL.findall(match.group("labels")))
+        resource = labels.get("resource", "")
+        if labels.get("subresource"):
+            resource += "/" + labels["subresource"]
+        key = (labels.get("verb", ""), resource)
+        out[key] = out.get(key, 0.0) + float(match.group("value"))
+    return out
+
+
+def delta(after: Mapping[RequestKey, float], before: Mapping[RequestKey, float]) -> dict[RequestKey, float]:
+    """Requests made between two scrapes (keys with no change left out)."""
+    keys = set(after) | set(before)
+    out = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in keys}
+    return {k: v for k, v in sorted(out.items()) if v}
+
+
+READ_VERBS = frozenset({"GET", "LIST"})
+
+
+def reads(counts: Mapping[RequestKey, float], resources: Iterable[str]) -> float:
+    """GET and LIST requests (not WATCH) of the named resources."""
+    wanted = set(resources)
+    return sum(v for (verb, res), v in counts.items() if verb in READ_VERBS and res in wanted)
+
+
+# ---- statistics -----------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) by linear interpolation; NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def ratio(ours: float, theirs: float) -> float:
+    """``ours / theirs`` (NaN when undefined)."""
+    if theirs == 0 or math.isnan(theirs) or math.isnan(ours):
+        return math.nan
+    return ours / theirs
