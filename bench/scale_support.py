@@ -100,7 +100,7 @@ def verljob(index: int, namespace: str) -> dict[str, Any]:
             "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
             "algorithm": "grpo",
             "data": {"trainBatchSize": 256, "maxPromptLength": 512, "maxResponseLength": 1024},
-            "rollout": {"n": 8},
+            "rollout": {"responsesPerPrompt": 8},
             "resources": {
                 "gpus": nodes * GPUS_PER_NODE,
                 "gpusPerNode": GPUS_PER_NODE,
@@ -115,7 +115,7 @@ def invalid_verljob(namespace: str) -> dict[str, Any]:
     job = verljob(1, namespace)
     job["metadata"]["name"] = "invalid-batch"
     job["spec"]["data"]["trainBatchSize"] = 100
-    job["spec"]["rollout"]["n"] = 1
+    job["spec"]["rollout"]["responsesPerPrompt"] = 1
     return job
 
 

@@ -25,7 +25,9 @@ MIXED = [
         pytest.param(make_spec(48, resources={"gpusPerNode": 8}), id="48gpu-all-h100"),
         pytest.param(make_spec(64, resources={"gpusPerNode": 8}), id="64gpu-infeasible"),
         pytest.param(make_spec(8, resources={"gpuProduct": "NVIDIA-L40S"}), id="l40s-2nodes"),
-        pytest.param(make_spec(16, data={"trainBatchSize": 100}, rollout={"n": 1}), id="bad-batch"),
+        pytest.param(
+            make_spec(16, data={"trainBatchSize": 100}, rollout={"responsesPerPrompt": 1}), id="bad-batch"
+        ),
     ],
 )
 def test_facts_and_raw_nodes_give_the_same_result(spec: VerlJobSpec) -> None:

@@ -70,7 +70,7 @@ def admission_problems(
 def _problems(
     spec: Mapping[str, Any] | None,
     old_spec: Mapping[str, Any] | None,
-    nodes: Sequence[Mapping[str, Any]],
+    nodes: Sequence[Mapping[str, Any] | NodeFacts],
     clock: Callable[[], float],
 ) -> list[str]:
     plain = json.loads(json.dumps(dict(spec or {})))  # plain types (kopf hands in mapping views)
