@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from verl_operator import cli
 from verl_operator.api import limits
+from verl_operator.api.errors import field_path
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.controller.webhook import admission_problems, field_path
+from verl_operator.controller.webhook import admission_problems
 from verl_operator.controller.webhook_server import too_deep_review
 from verl_operator.crdgen import build_crd
 from verl_operator.planner import plan_job, rules

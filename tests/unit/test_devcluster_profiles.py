@@ -131,37 +131,37 @@ def _with(path: str, value: Any) -> dict[str, Any]:
     ("data", "field", "why"),
     [
         pytest.param(
-            _with("nodeGroups.0.count", 0), "nodeGroups.0.count", "greater than or equal to 1", id="count-0"
+            _with("nodeGroups.0.count", 0), "nodeGroups[0].count", "greater than or equal to 1", id="count-0"
         ),
-        pytest.param(_with("nodeGroups.0.cpu", "lots"), "nodeGroups.0.cpu", "quantity", id="bad-cpu"),
-        pytest.param(_with("nodeGroups.0.memory", "2TB"), "nodeGroups.0.memory", "quantity", id="bad-memory"),
+        pytest.param(_with("nodeGroups.0.cpu", "lots"), "nodeGroups[0].cpu", "quantity", id="bad-cpu"),
+        pytest.param(_with("nodeGroups.0.memory", "2TB"), "nodeGroups[0].memory", "quantity", id="bad-memory"),
         pytest.param(
             _with("nodeGroups.0.gpu.nvlinkDomainSize", 3),
-            "nodeGroups.0.gpu",
+            "nodeGroups[0].gpu",
             "does not divide",
             id="domain-3-of-8",
         ),
         pytest.param(
             _with("nodeGroups.0.gpu.clique", "nvl72"),
-            "nodeGroups.0.gpu.clique",
+            "nodeGroups[0].gpu.clique",
             "ClusterUUID",
             id="bad-clique",
         ),
         pytest.param(
             _with("nodeGroups.0.gpu.product", "NVIDIA H100"),
-            "nodeGroups.0.gpu.product",
+            "nodeGroups[0].gpu.product",
             "label value",
             id="space-in-product",
         ),
         pytest.param(
             _with("nodeGroups.0.namePrefix", "GPU_Node"),
-            "nodeGroups.0.namePrefix",
+            "nodeGroups[0].namePrefix",
             "DNS label",
             id="bad-prefix",
         ),
-        pytest.param(_with("nodeGroups.0.racks", []), "nodeGroups.0.racks", "at least 1", id="no-racks"),
-        pytest.param(_with("nodeGroups.0.gpus", 8), "nodeGroups.0.gpus", "Extra inputs", id="unknown-field"),
-        pytest.param(_with("nodeGroups.0.arch", "riscv"), "nodeGroups.0.arch", "amd64", id="bad-arch"),
+        pytest.param(_with("nodeGroups.0.racks", []), "nodeGroups[0].racks", "at least 1", id="no-racks"),
+        pytest.param(_with("nodeGroups.0.gpus", 8), "nodeGroups[0].gpus", "Extra inputs", id="unknown-field"),
+        pytest.param(_with("nodeGroups.0.arch", "riscv"), "nodeGroups[0].arch", "amd64", id="bad-arch"),
         pytest.param(_with("name", "Big Cluster"), "name", "DNS label", id="bad-name"),
         pytest.param(
             _with("nodeGroups", _valid()["nodeGroups"] * 2),

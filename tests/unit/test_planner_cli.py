@@ -207,4 +207,4 @@ def test_an_invalid_profile_exits_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     path = tmp_path / "profile.yaml"
     path.write_text(yaml.safe_dump({"name": "broken", "nodeGroups": [{"count": "two"}]}))
     assert run_plan(["-f", job(tmp_path, resources={"gpus": 8}), "--nodes", str(path)]) == 2
-    assert "nodeGroups.0" in capsys.readouterr().err  # names the bad field of the profile
+    assert "nodeGroups[0]" in capsys.readouterr().err  # names the bad field of the profile

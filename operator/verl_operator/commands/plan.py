@@ -15,6 +15,7 @@ from typing import Any, TextIO
 import yaml
 from pydantic import ValidationError
 
+from verl_operator.api.errors import validation_lines
 from verl_operator.api.spec import VerlJob
 from verl_operator.planner import PlanResult, plan_job
 
@@ -97,20 +98,10 @@ def validate_job(doc: Mapping[str, Any], path: str) -> VerlJob:
     try:
         return VerlJob.model_validate(doc)
     except ValidationError as exc:
-        lines = [f"{path}: invalid VerlJob:"]
-        for err in exc.errors():
-            lines.append(f"  {job_path(err['loc'])}: {err['msg']}")
+        lines = [f"{path}: invalid VerlJob:", *(f"  {line}" for line in validation_lines(exc, root=""))]
         raise InputError("\n".join(lines)) from exc
     except RecursionError as exc:
         raise InputError(f"{path} nests lists or mappings too deeply to validate") from exc
-
-
-def job_path(loc: Sequence[int | str]) -> str:
-    """A pydantic error location as a field path: ``("spec", "overrides", 3)`` -> ``spec.overrides[3]``."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
 
 
 def load_nodes(path: str) -> list[dict[str, Any]]:

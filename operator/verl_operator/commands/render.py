@@ -35,8 +35,8 @@ def render(
     """
     from pydantic import ValidationError
 
+    from verl_operator.api.errors import validation_lines
     from verl_operator.api.spec import VerlJob
-    from verl_operator.commands.plan import job_path
     from verl_operator.controller.snapshot import node_capacity
     from verl_operator.manifests import LaunchPlan, build_children
     from verl_operator.placement import place, request_from_plan
@@ -46,7 +46,7 @@ def render(
     try:
         parsed = VerlJob.model_validate(job)
     except ValidationError as exc:
-        raise RenderError([f"{job_path(e['loc'])}: {e['msg']}" for e in exc.errors()]) from exc
+        raise RenderError(validation_lines(exc, root="")) from exc
     except RecursionError as exc:
         raise RenderError(["the VerlJob nests lists or mappings too deeply to validate"]) from exc
     spec = parsed.spec

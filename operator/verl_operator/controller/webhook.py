@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from pydantic import ValidationError
 
+from verl_operator.api.errors import validation_lines
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner import plan_job
 from verl_operator.planner.budget import Budget
@@ -27,14 +28,6 @@ LOG = logging.getLogger(__name__)
 #: Seconds the planner may take for one admission request: the webhook answers well inside the API server's
 #: timeout (chart default 10 s) and within 1 s at the 99th percentile (docs/benchmarks.md).
 PLAN_SECONDS = 0.8
-
-
-def field_path(loc: Sequence[int | str]) -> str:
-    """A pydantic error location as a spec path: ``("overrides", 3)`` -> ``spec.overrides[3]``."""
-    out = "spec"
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return out
 
 
 def admission_problems(
@@ -58,7 +51,7 @@ def admission_problems(
         clock: A monotonic clock in seconds (for the planning deadline).
 
     Returns:
-        One line per problem: ``field: message (suggestions)``.
+        One line per problem: ``field: message (suggestions: ...)`` (:meth:`Violation.one_line`).
     """
     try:
         return _problems(spec, old_spec, nodes, clock)
@@ -79,15 +72,12 @@ def _problems(
     try:
         parsed = VerlJobSpec.model_validate(plain)
     except ValidationError as exc:
-        return [f"{field_path(e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return validation_lines(exc)
     budget = Budget(clock=clock, deadline=clock() + PLAN_SECONDS)
     result = plan_job(parsed, list(nodes), budget=budget)
     if result.feasible:
         return []
-    return [
-        f"{v.field}: {v.message}" + (f" (suggestions: {'; '.join(v.suggestions)})" if v.suggestions else "")
-        for v in result.violations
-    ]
+    return [v.one_line() for v in result.violations]
 
 
 def _without_suspend(spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from verl_operator.api.errors import validation_lines
 from verl_operator.devcluster import labels as L
 
 #: The profile ``devcluster up`` loads when none is named.
@@ -205,16 +206,14 @@ def parse_profile(data: Any, source: str = "<profile>") -> Profile:
         The profile.
 
     Raises:
-        ProfileError: Naming the source and every invalid field (``nodeGroups.0.gpu.count``).
+        ProfileError: Naming the source and every invalid field (``nodeGroups[0].gpu.count``).
     """
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: a profile is a mapping with 'name' and 'nodeGroups'")
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
-        )
+        problems = "; ".join(validation_lines(exc, root=""))
         raise ProfileError(f"{source}: {problems}") from None
 
 
