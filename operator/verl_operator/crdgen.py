@@ -14,16 +14,16 @@ from typing import Any
 import yaml
 
 from verl_operator.api.spec import GROUP, KIND, PLURAL, VERSION, VerlJobSpec
+from verl_operator.api.status import ACTIVE_PHASES, PHASES, VerlJobStatus
 from verl_operator.manifests.names import MAX_JOB_NAME
 
 CRD_PATH = "crds/verl-operator.io_verljobs.yaml"
 CHART_CRD_PATH = "charts/verl-operator/crds/verl-operator.io_verljobs.yaml"
 REGENERATE = "make crds"
 HEADER = (
-    "# Generated from verl_operator.api.spec by `verl-operator crd`: do not edit.\n"
+    "# Generated from verl_operator.api by `verl-operator crd`: do not edit.\n"
     f"# Regenerate with: {REGENERATE}\n"
 )
-PHASES = ("Invalid", "Pending", "Starting", "Running", "Succeeded", "Failed", "Suspended")
 
 #: Cross-field rules the API server checks itself (CEL); the webhook and the planner check the rest.
 SPEC_RULES: tuple[dict[str, str], ...] = (
@@ -67,8 +67,6 @@ ROOT_RULES: tuple[dict[str, str], ...] = (
     },
 )
 
-#: Phases in which the job has (or is creating) Ray pods built from the current spec.
-ACTIVE_PHASES = ("Starting", "Running")
 #: Spec fields that may change while the job is Starting or Running; they take effect at once (suspend deletes
 #: the pods, the rest are read at each reconcile pass). Every other field is immutable then.
 MUTABLE_WHILE_RUNNING = frozenset(
@@ -82,7 +80,7 @@ def immutable_field_rules() -> tuple[dict[str, str], ...]:
     A field may still change in the update that sets ``suspend: true`` (or any later one): the pods are
     deleted, and resuming plans the new spec and restarts from the last checkpoint.
     """
-    active = ", ".join(f"'{p}'" for p in ACTIVE_PHASES)
+    active = ", ".join(f"'{p}'" for p in sorted(ACTIVE_PHASES, key=PHASES.index))
     guard = (
         f"!has(oldSelf.status) || !has(oldSelf.status.phase) || !(oldSelf.status.phase in [{active}]) || "
         "(has(self.spec.suspend) && self.spec.suspend)"
@@ -139,10 +137,12 @@ def structural(schema: dict[str, Any], defs: dict[str, Any], where: str = "spec"
     """
     node = _resolve(dict(schema), defs)
     out: dict[str, Any] = {}
-    description = node.get("description") or node.get("title") or where
-    if "default" in node and node["default"] not in (None, [], {}):
+    # A model's docstring: its first paragraph (an "Attributes:" section repeats the field descriptions).
+    description = str(node.get("description") or node.get("title") or where).split("\n\n")[0]
+    if "default" in node and node["default"] not in (None, [], {}, ""):
         description = f"{description} Default: {node['default']}."
     out["description"] = description
+    out.update({k: v for k, v in node.items() if k.startswith("x-kubernetes-")})
     kind = node.get("type")
     if "const" in node:
         out["type"] = kind or "string"
@@ -188,79 +188,12 @@ def structural(schema: dict[str, Any], defs: dict[str, Any], where: str = "spec"
     return out
 
 
-def _condition_schema() -> dict[str, Any]:
-    def s(desc: str, **kw: Any) -> dict[str, Any]:
-        return {"type": "string", "description": desc, **kw}
-
-    return {
-        "type": "array",
-        "description": "Conditions in the metav1.Condition shape (Valid, Planned, Placed, Ready, Complete, "
-        "Failed, Reconciling, Stalled).",
-        "x-kubernetes-list-type": "map",
-        "x-kubernetes-list-map-keys": ["type"],
-        "items": {
-            "type": "object",
-            "description": "One condition.",
-            "required": ["type", "status"],
-            "properties": {
-                "type": s("Condition type."),
-                "status": s("True, False or Unknown.", enum=["True", "False", "Unknown"]),
-                "observedGeneration": {
-                    "type": "integer",
-                    "description": "metadata.generation the condition was computed for.",
-                },
-                "lastTransitionTime": s("When status last changed.", format="date-time"),
-                "reason": s("CamelCase reason."),
-                "message": s("Human readable detail."),
-            },
-        },
-    }
-
-
 def status_schema() -> dict[str, Any]:
-    """The structural schema of ``status`` (written only by the operator)."""
-
-    def obj(desc: str) -> dict[str, Any]:
-        return {"type": "object", "description": desc, "x-kubernetes-preserve-unknown-fields": True}
-
-    return {
-        "type": "object",
-        "description": "Observed state, written by the operator only.",
-        "properties": {
-            "phase": {"type": "string", "enum": list(PHASES), "description": "Lifecycle phase."},
-            "reason": {"type": "string", "description": "CamelCase reason of the current phase."},
-            "message": {"type": "string", "description": "Human readable detail of the current phase."},
-            "observedGeneration": {"type": "integer", "description": "Last metadata.generation acted on."},
-            "attempt": {
-                "type": "integer",
-                "description": "Ray cluster incarnation (0-based; pods carry it).",
-            },
-            "restarts": {
-                "type": "integer",
-                "description": "Restarts after failures, counted against backoffLimit.",
-            },
-            "mesh": {"type": "string", "description": "Parallel mesh, e.g. dp8 sp1 tp2 (tp = rollout TP)."},
-            "nodes": {"type": "string", "description": "Chosen nodes, comma separated (head first)."},
-            "startTime": {
-                "type": "string",
-                "format": "date-time",
-                "description": "When pods were first placed.",
-            },
-            "completionTime": {
-                "type": "string",
-                "format": "date-time",
-                "description": "When the job finished.",
-            },
-            "plan": obj("The planner's plan (the JSON contract of `verl-operator plan -o json`)."),
-            "placement": obj("Chosen nodes, their domain/clique and the reasons other nodes were excluded."),
-            "violations": {
-                "type": "array",
-                "description": "Planner violations when the job is Invalid.",
-                "items": obj("One violation (field, rule, message, suggestions)."),
-            },
-            "conditions": _condition_schema(),
-        },
-    }
+    """The structural schema of ``status`` (written only by the operator), from :class:`VerlJobStatus`."""
+    raw = VerlJobStatus.model_json_schema(by_alias=True)
+    schema = structural(raw, raw.get("$defs", {}), "status")
+    schema["description"] = "Observed state, written by the operator only."
+    return schema
 
 
 def build_crd() -> dict[str, Any]:

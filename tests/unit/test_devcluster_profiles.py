@@ -134,7 +134,9 @@ def _with(path: str, value: Any) -> dict[str, Any]:
             _with("nodeGroups.0.count", 0), "nodeGroups[0].count", "greater than or equal to 1", id="count-0"
         ),
         pytest.param(_with("nodeGroups.0.cpu", "lots"), "nodeGroups[0].cpu", "quantity", id="bad-cpu"),
-        pytest.param(_with("nodeGroups.0.memory", "2TB"), "nodeGroups[0].memory", "quantity", id="bad-memory"),
+        pytest.param(
+            _with("nodeGroups.0.memory", "2TB"), "nodeGroups[0].memory", "quantity", id="bad-memory"
+        ),
         pytest.param(
             _with("nodeGroups.0.gpu.nvlinkDomainSize", 3),
             "nodeGroups[0].gpu",

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from verl_operator.api.status import PHASES
 from verl_operator.controller.status import (
     PHASE_SUMMARY,
     condition,
@@ -15,11 +17,10 @@ from verl_operator.controller.status import (
     pod_failure,
     summary_conditions,
 )
-from verl_operator.crdgen import PHASES
 
 
 def test_condition_shape_is_metav1() -> None:
-    cond = condition("Valid", True, "Planned", "ok", 3, "2026-01-01T00:00:00Z")
+    cond = condition("Valid", True, "Planned", "ok", 3, "2026-01-01T00:00:00Z").to_wire()
     assert set(cond) == {"type", "status", "observedGeneration", "lastTransitionTime", "reason", "message"}
     assert cond["status"] == "True" and cond["observedGeneration"] == 3
 
@@ -33,10 +34,10 @@ def test_merge_keeps_transition_time_when_status_is_unchanged() -> None:
         condition("Ready", False, "Starting", "c", 2, "T2"),
         condition("Valid", False, "PlanInfeasible", "d", 2, "T2"),
     ]
-    merged = {c["type"]: c for c in merge_conditions(old, new)}
-    assert merged["Ready"]["lastTransitionTime"] == "T1" and merged["Ready"]["reason"] == "Starting"
-    assert merged["Valid"]["lastTransitionTime"] == "T2", "a status flip is a transition"
-    assert [c["type"] for c in merge_conditions(old, [condition("Placed", True, "P", "", 2, "T3")])] == [
+    merged = {c.type: c for c in merge_conditions(old, new)}
+    assert merged["Ready"].last_transition_time == "T1" and merged["Ready"].reason == "Starting"
+    assert merged["Valid"].last_transition_time == "T2", "a status flip is a transition"
+    assert [c.type for c in merge_conditions(old, [condition("Placed", True, "P", "", 2, "T3")])] == [
         "Ready",
         "Valid",
         "Placed",
@@ -45,7 +46,7 @@ def test_merge_keeps_transition_time_when_status_is_unchanged() -> None:
 
 @pytest.mark.parametrize("phase", PHASES)
 def test_every_phase_has_exactly_one_kstatus_reading(phase: str) -> None:
-    conds = {c["type"]: c["status"] for c in summary_conditions(phase, "R", "m", 1, "T")}
+    conds = {c.type: c.status for c in summary_conditions(phase, "R", "m", 1, "T")}
     ready, reconciling, stalled = PHASE_SUMMARY[phase]
     assert conds == {
         "Ready": "True" if ready else "False",
@@ -57,8 +58,9 @@ def test_every_phase_has_exactly_one_kstatus_reading(phase: str) -> None:
 
 
 def test_mesh_string() -> None:
-    plan = {"dataParallelSize": 8, "sequenceParallelSize": 1, "rollout": {"tensorParallelSize": 2}}
-    assert mesh_string(plan) == "dp8 sp1 tp2"
+    rollout = SimpleNamespace(tensor_parallel_size=2)
+    plan = SimpleNamespace(data_parallel_size=8, sequence_parallel_size=1, rollout=rollout)
+    assert mesh_string(plan) == "dp8 sp1 tp2"  # type: ignore[arg-type]
 
 
 def failed_pod(exit_code: int | None, message: str | None = None, **status: Any) -> dict[str, Any]:

@@ -284,8 +284,11 @@ def test_multi_node_nvlink_groups_share_one_clique(
 
 
 def test_request_from_plan_reads_the_plan_contract_and_the_spec() -> None:
+    from conftest import make_nodes, make_spec
+
     from verl_operator.api.spec import VerlJobSpec
     from verl_operator.placement import request_from_plan
+    from verl_operator.planner import plan_job
 
     spec = VerlJobSpec.model_validate(
         {
@@ -295,7 +298,11 @@ def test_request_from_plan_reads_the_plan_contract_and_the_spec() -> None:
             "placement": {"nvlink": "required", "topologyKey": RACK, "topologyPolicy": "preferred"},
         }
     )
-    plan = {"nnodes": 2, "gpusPerNode": 8, "candidateNodes": ["a", "b", "c"], "nvlinkGroupSize": 2}
+    planned = plan_job(make_spec(16), make_nodes(3)).plan
+    assert planned is not None
+    plan = planned.model_copy(
+        update={"nnodes": 2, "gpus_per_node": 8, "candidate_nodes": ["a", "b", "c"], "nvlink_group_size": 2}
+    )
     assert request_from_plan(plan, spec) == PlacementRequest(
         nnodes=2,
         gpus_per_node=8,

@@ -30,6 +30,8 @@ PLURAL = "verljobs"
 SUPPORTED_VERL_VERSIONS: tuple[str, ...] = ("0.6", "0.9")
 
 VerlVersion = Literal["0.6", "0.9"]
+#: Who places a job's pods: see :attr:`SchedulingSpec.gang`.
+Gang = Literal["builtin", "kueue", "volcano"]
 
 #: A path or file name (bounded: see ``limits``).
 PathStr = Annotated[str, Field(max_length=L.MAX_PATH)]
@@ -338,6 +340,18 @@ class SchedulingSpec(_Model):
     priority_class_name: str | None = Field(
         default=None, max_length=L.MAX_NAME, description="priorityClassName of the pods."
     )
+
+    @property
+    def gang(self) -> Gang:
+        """Who places the pods, all or nothing (the one place this is decided).
+
+        ``kueue`` when ``queueName`` is set (Kueue's pod-group integration admits and places them, whatever
+        ``scheduler`` says), else ``volcano`` (a PodGroup and ``schedulerName: volcano``), else ``builtin``
+        (the operator chooses the nodes and holds the pods by a scheduling gate until every one exists).
+        """
+        if self.queue_name is not None:
+            return "kueue"
+        return "volcano" if self.scheduler == "volcano" else "builtin"
 
 
 class CheckpointSpec(_Model):

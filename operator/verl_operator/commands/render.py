@@ -37,11 +37,9 @@ def render(
 
     from verl_operator.api.errors import validation_lines
     from verl_operator.api.spec import VerlJob
-    from verl_operator.controller.snapshot import node_capacity
-    from verl_operator.manifests import LaunchPlan, build_children
-    from verl_operator.placement import place, request_from_plan
-    from verl_operator.planner import plan_job
-    from verl_operator.planner.facts import node_facts
+    from verl_operator.api.status import VerlJobStatus
+    from verl_operator.controller.pipeline import children_of, plan_and_place
+    from verl_operator.controller.snapshot import Snapshot
 
     try:
         parsed = VerlJob.model_validate(job)
@@ -57,24 +55,14 @@ def render(
     }
     if "name" not in meta:
         raise RenderError(["metadata.name: required"])
-    result = plan_job(spec, list(nodes))
-    if not result.feasible or result.plan is None:
-        raise RenderError(
-            [f"{v.field}: {v.message} {'; '.join(v.suggestions)}".strip() for v in result.violations]
-        )
-    plan = result.to_json_dict()["plan"]
-    names: tuple[str, ...] = ()
-    product, memory = None, None
-    if spec.scheduling.queue_name is None and spec.scheduling.scheduler == "builtin":
-        request = request_from_plan(plan, spec)
-        chosen = place(request, [node_capacity(n) for n in nodes], {})
-        if not chosen.feasible:
-            raise RenderError([chosen.message])
-        names = chosen.nodes
-        facts = node_facts(next(n for n in nodes if n["metadata"]["name"] == names[0]))
-        product, memory = facts.gpu_product or None, facts.gpu_memory_mib
-    launch = LaunchPlan.from_plan_json(plan, spec, nodes=names, gpu_product=product, gpu_memory_mib=memory)
-    return build_children({**dict(job), "metadata": meta}, spec, launch, attempt)
+    idle = Snapshot(nodes=list(nodes), pod_entries=(), reservations=())
+    outcome = plan_and_place(spec, idle, attempt=attempt)
+    if outcome.plan is None:
+        raise RenderError([v.one_line() for v in outcome.violations])
+    if outcome.placement is None:
+        raise RenderError([outcome.message])
+    status = VerlJobStatus(attempt=attempt, plan=outcome.plan, placement=outcome.placement)
+    return children_of({**dict(job), "metadata": meta}, spec, status)
 
 
 class RenderError(Exception):

@@ -139,7 +139,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.admission.managed = cfg.webhook_managed
     api = _client_from(cfg.kubeconfig)
     cache = RUNTIME.cache
-    reconciler = JobReconciler(CachedKube(api, cache), cache.snapshot, facts_of=cache.facts_of)
+    reconciler = JobReconciler(CachedKube(api, cache), cache.snapshot)
     _TASKS.append(asyncio.create_task(RUNTIME.run(reconciler, cfg.resync_seconds, cfg.workers)))
 
 

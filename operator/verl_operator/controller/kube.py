@@ -6,7 +6,7 @@ import contextlib
 import datetime as dt
 import uuid
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -26,8 +26,52 @@ class MissingAPIError(RuntimeError):
     """A kind the job needs is not served by the API server (for example Volcano's PodGroup)."""
 
 
+class KubeAPI(Protocol):
+    """Every API call the reconciler makes, and nothing more (the unit tests back it with an in-memory fake).
+
+    Reads: :meth:`get_job`, :meth:`job_pods` and :meth:`read_configmap_data` (any of them may be served
+    from a watch cache, as long as it shows the reconciler's own writes of the same pass: a pass lists
+    the pods again after creating them and releases the gang only when every one is listed). Writes are
+    idempotent: a create of an existing object returns False, a delete of a missing one does nothing.
+    """
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The VerlJob, or None when it is gone."""
+
+    def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """Every pod labelled ``verl-operator.io/job=<job>``."""
+
+    def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A ConfigMap's data, or None when it does not exist."""
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch the job's ``status`` (a None value removes the key)."""
+
+    def create(self, manifest: Mapping[str, Any]) -> bool:
+        """Create a child (Pod, ConfigMap, Service, PodGroup); False when it exists.
+
+        Raises:
+            MissingAPIError: The kind is not served (a PodGroup without Volcano).
+        """
+
+    def patch_configmap_data(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        """Replace a ConfigMap's data keys."""
+
+    def ungate(self, namespace: str, name: str) -> None:
+        """Remove a pod's scheduling gates."""
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod (gone already is fine)."""
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        """Delete the VerlJob (gone already is fine)."""
+
+    def event(self, job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """Record an Event on the VerlJob (best effort)."""
+
+
 class Kube:
-    """The API calls the reconciler makes; every create is idempotent (409 means it exists)."""
+    """:class:`KubeAPI` over the kubernetes client; every create is idempotent (409 means it exists)."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from verl_operator.crdgen import PHASES
+from verl_operator.api.status import PHASES
 
 JOBS = Gauge("verl_operator_jobs", "VerlJobs by phase.", ["phase"])
 PLANNING_SECONDS = Histogram(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
-Phase = Literal["Invalid", "Pending", "Starting", "Running", "Succeeded", "Failed", "Suspended"]
-ConditionStatus = Literal["True", "False", "Unknown"]
+from verl_operator.api.plan import Plan
+from verl_operator.api.status import Condition, ConditionStatus
 
 #: kstatus-style summary conditions derived from the phase: (Ready, Reconciling, Stalled).
 PHASE_SUMMARY: dict[str, tuple[bool, bool, bool]] = {
@@ -18,37 +20,39 @@ PHASE_SUMMARY: dict[str, tuple[bool, bool, bool]] = {
     "Failed": (False, False, True),
     "Suspended": (False, False, False),
 }
-FINISHED: frozenset[str] = frozenset({"Succeeded", "Failed"})
+_TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def format_time(seconds: float) -> str:
+    """An RFC 3339 ``...Z`` timestamp (whole seconds, UTC) of seconds since the epoch."""
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime(_TIME_FORMAT)
 
 
 def parse_time(value: str | None) -> float | None:
     """Seconds since the epoch of an RFC 3339 ``...Z`` timestamp written by the operator (None stays None)."""
-    import datetime as dt
-
     if not value:
         return None
-    return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+    return dt.datetime.strptime(value, _TIME_FORMAT).replace(tzinfo=dt.UTC).timestamp()
 
 
 def condition(
     type_: str, status: bool | ConditionStatus, reason: str, message: str, generation: int, now: str
-) -> dict[str, Any]:
-    """A condition dict in the ``metav1.Condition`` shape."""
-    value = status if isinstance(status, str) else ("True" if status else "False")
-    return {
-        "type": type_,
-        "status": value,
-        "observedGeneration": generation,
-        "lastTransitionTime": now,
-        "reason": reason,
-        "message": message,
-    }
+) -> Condition:
+    """A condition in the ``metav1.Condition`` shape."""
+    value: ConditionStatus = status if isinstance(status, str) else ("True" if status else "False")
+    return Condition(
+        type=type_,
+        status=value,
+        observed_generation=generation,
+        last_transition_time=now,
+        reason=reason,
+        message=message,
+    )
 
 
-def merge_conditions(
-    old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]
-) -> list[dict[str, Any]]:
-    """Replace conditions by type; keep ``lastTransitionTime`` when the status did not change.
+def merge_conditions(old: Sequence[Condition], new: Sequence[Condition]) -> list[Condition]:
+    """Replace conditions by type (the last of ``new`` wins); keep ``lastTransitionTime`` when the status did
+    not change.
 
     Args:
         old: Current conditions.
@@ -57,23 +61,22 @@ def merge_conditions(
     Returns:
         All conditions, in a stable order (old order first, new types appended).
     """
-    by_type = {str(c["type"]): dict(c) for c in old}
-    order = [str(c["type"]) for c in old]
+    by_type = {c.type: c for c in old}
+    order = [c.type for c in old]
     for cond in new:
-        t = str(cond["type"])
-        prev = by_type.get(t)
-        merged = dict(cond)
-        if prev is not None and prev.get("status") == cond.get("status"):
-            merged["lastTransitionTime"] = prev.get("lastTransitionTime", cond["lastTransitionTime"])
-        if t not in by_type:
-            order.append(t)
-        by_type[t] = merged
+        prev = by_type.get(cond.type)
+        merged = cond
+        if prev is not None and prev.status == cond.status:
+            merged = cond.model_copy(
+                update={"last_transition_time": prev.last_transition_time or cond.last_transition_time}
+            )
+        if cond.type not in by_type:
+            order.append(cond.type)
+        by_type[cond.type] = merged
     return [by_type[t] for t in order]
 
 
-def summary_conditions(
-    phase: str, reason: str, message: str, generation: int, now: str
-) -> list[dict[str, Any]]:
+def summary_conditions(phase: str, reason: str, message: str, generation: int, now: str) -> list[Condition]:
     """``Ready``, ``Reconciling`` and ``Stalled`` for the phase (kstatus / Flux / Argo CD read these)."""
     ready, reconciling, stalled = PHASE_SUMMARY[phase]
     return [
@@ -83,13 +86,29 @@ def summary_conditions(
     ]
 
 
-def mesh_string(plan: Mapping[str, Any]) -> str:
-    """``dp8 sp1 tp2`` from a plan dict (camelCase): data parallel, Ulysses SP, rollout tensor parallel."""
-    rollout = plan.get("rollout") or {}
+def mesh_string(plan: Plan) -> str:
+    """``dp8 sp1 tp2``: data parallel, Ulysses SP, rollout tensor parallel."""
     return (
-        f"dp{plan.get('dataParallelSize', '?')} sp{plan.get('sequenceParallelSize', '?')} "
-        f"tp{rollout.get('tensorParallelSize', '?')}"
+        f"dp{plan.data_parallel_size} sp{plan.sequence_parallel_size} tp{plan.rollout.tensor_parallel_size}"
     )
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new`` (empty: nothing to write).
+
+    A member missing from ``new`` becomes ``null`` (removed); objects are compared member by member; any
+    other value (lists included) is replaced whole when it differs.
+    """
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = merge_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif before != value or key not in old:
+            patch[key] = value
+    return patch
 
 
 #: Launcher exit codes (the launch contract) -> (reason, retryable).
@@ -112,8 +131,6 @@ def pod_failure(pod: Mapping[str, Any]) -> tuple[str, str, bool]:
     A termination message that is the launcher's one-line JSON gives reason and message; otherwise the exit
     code is mapped by the contract; a pod failed without a container exit (evicted, lost) is retryable.
     """
-    import json
-
     name = str((pod.get("metadata") or {}).get("name", "?"))
     statuses = ((pod.get("status") or {}).get("containerStatuses")) or []
     for cs in statuses:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from verl_operator.controller.status import FINISHED, parse_time
+from verl_operator.api.status import FINISHED_PHASES
+from verl_operator.controller.status import parse_time
 
 #: Timestamps in status have whole seconds and the checks compare strictly (``elapsed > deadline``): wake a
 #: second late rather than a moment early.
@@ -30,7 +31,7 @@ def next_due(job: Mapping[str, Any]) -> float | None:
     spec = job.get("spec") or {}
     status = job.get("status") or {}
     phase = status.get("phase")
-    if phase in FINISHED:
+    if phase in FINISHED_PHASES:
         ttl = spec.get("ttlSecondsAfterFinished")
         done = parse_time(status.get("completionTime"))
         if ttl is None or done is None:

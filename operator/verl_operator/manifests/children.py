@@ -245,12 +245,12 @@ def _build_pod(
     ]
     if sched.priority_class_name:
         pod_spec["priorityClassName"] = sched.priority_class_name
-    if sched.queue_name is not None:
+    if sched.gang == "kueue" and sched.queue_name is not None:
         # Kueue's pod-group integration gates, admits and places the pods itself.
         labels[KUEUE_QUEUE_LABEL] = sched.queue_name
         labels[KUEUE_GROUP_LABEL] = f"{name}-r{attempt}"
         annotations[KUEUE_GROUP_COUNT] = str(plan.nnodes)
-    elif sched.scheduler == "volcano":
+    elif sched.gang == "volcano":
         pod_spec["schedulerName"] = "volcano"
         annotations[VOLCANO_GROUP_ANNOTATION] = f"{name}-r{attempt}"
     else:
@@ -337,7 +337,7 @@ def build_children(
     children = [build_launch_configmap(job, spec, plan), build_service(job)]
     if spec.security.service_account_name is None:
         children.insert(0, build_service_account(job))
-    if spec.scheduling.queue_name is None and spec.scheduling.scheduler == "volcano":
+    if spec.scheduling.gang == "volcano":
         children.append(build_podgroup(job, plan, attempt))
     children.append(build_head_pod(job, spec, plan, attempt))
     children.extend(build_worker_pod(job, spec, plan, i, attempt) for i in range(1, plan.nnodes))

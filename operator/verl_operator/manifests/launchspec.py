@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from verl_operator.api.plan import Plan
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.manifests.names import ChildNames
 
@@ -39,8 +40,8 @@ class LaunchPlan:
         overrides: The full verl override list of the plan.
         nvlink_group_size: GPUs per NVLink group (1 = none required).
         require_nvlink: ``spec.placement.nvlink == "required"``.
-        gpu_product: GPU product of the chosen nodes, if known.
-        gpu_memory_mib: GPU memory of the chosen nodes, if known.
+        gpu_product: GPU product of the plan's node pool, if known.
+        gpu_memory_mib: GPU memory of the plan's node pool, if known.
         nodes: Chosen node names, index 0 hosts the head; empty when a scheduler of its own places the pods.
         launcher_image: The operator's image, whose launcher an init container copies into each Ray pod
             (``spec.verl.launcher: inject``); None runs ``verl-launcher`` from the job's image.
@@ -58,28 +59,38 @@ class LaunchPlan:
     launcher_image: str | None = None
 
     @classmethod
+    def from_plan(
+        cls, plan: Plan, spec: VerlJobSpec, nodes: Sequence[str] = (), launcher_image: str | None = None
+    ) -> LaunchPlan:
+        """Build from the planner's plan; the GPU expectations come from the plan's node pool.
+
+        The pool is what the plan was computed for, so ``launch.json`` does not change when a node leaves
+        the cluster, and jobs placed by Kueue or Volcano (``nodes`` empty) get the same expectations.
+        """
+        pool = plan.node_pool
+        return cls(
+            verl_version=plan.verl_version,
+            nnodes=plan.nnodes,
+            gpus_per_node=plan.gpus_per_node,
+            overrides=tuple(plan.overrides),
+            nvlink_group_size=plan.nvlink_group_size,
+            require_nvlink=spec.placement.nvlink == "required",
+            gpu_product=pool.gpu_product or None,
+            gpu_memory_mib=pool.gpu_memory_mib or None,
+            nodes=tuple(nodes),
+            launcher_image=launcher_image,
+        )
+
+    @classmethod
     def from_plan_json(
         cls,
         plan: Mapping[str, Any],
         spec: VerlJobSpec,
         nodes: Sequence[str] = (),
-        gpu_product: str | None = None,
-        gpu_memory_mib: int | None = None,
         launcher_image: str | None = None,
     ) -> LaunchPlan:
-        """Build from the planner's camelCase plan dict (``PlanResult.to_json_dict()["plan"]``)."""
-        return cls(
-            verl_version=str(plan.get("verlVersion", spec.verl.version)),
-            nnodes=int(plan["nnodes"]),
-            gpus_per_node=int(plan["gpusPerNode"]),
-            overrides=tuple(str(o) for o in plan.get("overrides", [])),
-            nvlink_group_size=int(plan.get("nvlinkGroupSize", 1) or 1),
-            require_nvlink=spec.placement.nvlink == "required",
-            gpu_product=gpu_product,
-            gpu_memory_mib=gpu_memory_mib,
-            nodes=tuple(nodes),
-            launcher_image=launcher_image,
-        )
+        """:meth:`from_plan` of the camelCase plan dict (``PlanResult.to_json_dict()["plan"]``)."""
+        return cls.from_plan(Plan.model_validate(plan), spec, nodes, launcher_image)
 
 
 def job_identity(job: Mapping[str, Any]) -> tuple[str, str, str]:

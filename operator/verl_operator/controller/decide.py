@@ -1,0 +1,264 @@
+"""The reconciler's decisions, pure: what one pass observed in, a :class:`Transition` out.
+
+:func:`decide` reads the job, its typed status, its pods and the cluster snapshot and returns what to do;
+nothing here talks to the API server, logs or reads the wall clock (the planner's duration is measured for
+the metrics). Order of the checks: a job being deleted is left alone; a finished job is only cleaned up;
+an invalid spec is reported (keeping the pods of a placed job); a suspended job loses its pods; a job
+without a placement for its attempt is planned and placed; a placed job's pods are assessed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from verl_operator.api.errors import validation_violations
+from verl_operator.api.spec import VerlJobSpec
+from verl_operator.api.status import FINISHED_PHASES, VerlJobStatus
+from verl_operator.controller.assess import pod_phase
+from verl_operator.controller.pipeline import Planned, plan_and_place
+from verl_operator.controller.running import run
+from verl_operator.controller.snapshot import Snapshot
+from verl_operator.controller.status import condition, format_time, merge_conditions, parse_time
+from verl_operator.controller.transition import Event, Transition, advance, on_change
+
+Reservation = tuple[str, tuple[str, ...], int]
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one pass read.
+
+    Attributes:
+        job: The VerlJob body (``metadata``, the raw ``spec``).
+        status: Its ``status``, parsed once (:func:`verl_operator.api.status.parse_status`).
+        pods: Every pod labelled with the job, fresh from the API server.
+        snapshot: Nodes and GPU usage of the cluster.
+        reserved: ``(job uid, nodes, GPUs per node)`` of every placed job, this process's decisions included.
+        now: Seconds since the epoch at the start of the pass.
+        launcher_image: The operator's image, for jobs whose Ray pods copy its launcher (None: none).
+    """
+
+    job: Mapping[str, Any]
+    status: VerlJobStatus
+    pods: Sequence[Mapping[str, Any]] = ()
+    snapshot: Snapshot = field(default_factory=lambda: Snapshot(nodes=(), pod_entries=(), reservations=()))
+    reserved: Sequence[Reservation] = ()
+    now: float = 0.0
+    launcher_image: str | None = None
+
+    @property
+    def generation(self) -> int:
+        """``metadata.generation`` (1 when absent)."""
+        return int(self.job["metadata"].get("generation", 1))
+
+    @property
+    def stamp(self) -> str:
+        """``now`` as an RFC 3339 timestamp."""
+        return format_time(self.now)
+
+
+def decide(seen: Observed) -> Transition:
+    """The transition of one reconcile pass of an existing job (see the module docstring for the order)."""
+    if seen.job["metadata"].get("deletionTimestamp"):
+        return Transition()
+    if seen.status.phase in FINISHED_PHASES:
+        return finished(seen)
+    try:
+        spec = VerlJobSpec.model_validate(seen.job.get("spec") or {})
+    except ValidationError as exc:
+        return invalid_update(seen, exc) if seen.status.placement else invalid_spec(seen, exc)
+    if spec.suspend:
+        return suspend(seen)
+    if not seen.status.placed:
+        return place_job(seen, spec)
+    return run(seen, spec)
+
+
+def release_orphans(name: str, pods: Sequence[Mapping[str, Any]]) -> Transition:
+    """The job ``name`` is gone: delete the pods it still owns, freeing their GPUs at once.
+
+    The garbage collector would delete them too, but it learns a newly installed CRD's kind only at its
+    next discovery refresh. Pods whose owner reference was removed (deleted with ``orphan`` propagation)
+    are left alone.
+    """
+    doomed = []
+    for pod in pods:
+        owners = pod["metadata"].get("ownerReferences") or []
+        owned = any(o.get("kind") == "VerlJob" and o.get("name") == name for o in owners)
+        if owned and not pod["metadata"].get("deletionTimestamp"):
+            doomed.append(str(pod["metadata"]["name"]))
+    return Transition(delete=tuple(doomed))
+
+
+def invalid_spec(seen: Observed, exc: ValidationError) -> Transition:
+    """A spec the API models reject (no webhook in front): ``Invalid``, the errors as violations."""
+    violations = validation_violations(exc)
+    text = "; ".join(v.one_line() for v in violations)
+    new = advance(
+        seen.status,
+        generation=seen.generation,
+        now=seen.stamp,
+        phase="Invalid",
+        reason="InvalidSpec",
+        message=text,
+        conditions=[condition("Valid", False, "InvalidSpec", text, seen.generation, seen.stamp)],
+        changes={"violations": violations},
+    )
+    return Transition(status=new, event=on_change(seen.status, new, Event("Warning", "InvalidSpec", text)))
+
+
+def invalid_update(seen: Observed, exc: ValidationError) -> Transition:
+    """A placed job whose spec became invalid (no webhook): keep its pods and its phase, set ``Valid=False``.
+
+    Only the ``Valid`` condition changes: the summary conditions keep describing the running attempt.
+    """
+    text = "; ".join(v.one_line() for v in validation_violations(exc))
+    valid = condition(
+        "Valid", False, "InvalidSpec", f"the new spec is invalid: {text}", seen.generation, seen.stamp
+    )
+    changes = {
+        "observed_generation": seen.generation,
+        "conditions": merge_conditions(seen.status.conditions, [valid]),
+    }
+    return Transition(status=seen.status.model_copy(update=changes))
+
+
+def suspend(seen: Observed) -> Transition:
+    """``spec.suspend``: delete every pod, keep the job; resuming starts a new attempt (new pod names)."""
+    old = seen.status
+    next_attempt = old.attempt + 1 if old.placement else old.attempt
+    new = advance(
+        old,
+        generation=seen.generation,
+        now=seen.stamp,
+        phase="Suspended",
+        reason="Suspended",
+        message="spec.suspend is true: pods deleted, the job is kept",
+        conditions=[condition("Placed", False, "Suspended", "suspended", seen.generation, seen.stamp)],
+        changes={"placement": None, "nodes": "", "attempt": next_attempt},
+    )
+    return Transition(
+        status=new,
+        event=on_change(old, new, Event("Normal", "Suspended", "spec.suspend is true: Ray pods deleted")),
+        delete=tuple(str(p["metadata"]["name"]) for p in seen.pods),
+        unreserve=True,
+    )
+
+
+def finished(seen: Observed) -> Transition:
+    """A Succeeded or Failed job: delete pods still running; delete the job once its TTL has passed."""
+    doomed = tuple(
+        str(p["metadata"]["name"])
+        for p in seen.pods
+        if pod_phase(p) not in ("Succeeded", "Failed") and not p["metadata"].get("deletionTimestamp")
+    )
+    ttl = (seen.job.get("spec") or {}).get("ttlSecondsAfterFinished")
+    done = parse_time(seen.status.completion_time)
+    if ttl is not None and done is not None and seen.now - done >= int(ttl):
+        event = Event("Normal", "Deleted", f"ttlSecondsAfterFinished {ttl} passed")
+        return Transition(event=event, delete=doomed, delete_job=True, unreserve=True)
+    return Transition(delete=doomed, unreserve=True)
+
+
+def place_job(seen: Observed, spec: VerlJobSpec) -> Transition:
+    """Plan the job on the snapshot's nodes and place it (or hand it to Kueue/Volcano, or wait)."""
+    uid = str(seen.job["metadata"]["uid"])
+    started = time.perf_counter()
+    outcome = plan_and_place(spec, seen.snapshot, seen.reserved, attempt=seen.status.attempt, job_uid=uid)
+    elapsed = time.perf_counter() - started
+    old, gen, now = seen.status, seen.generation, seen.stamp
+    new, event = _placed_status(old, outcome, gen, now)
+    reserve = None
+    if outcome.placement is not None and outcome.placement.nodes:
+        reserve = (tuple(outcome.placement.nodes), int(outcome.placement.gpus_per_node or 0))
+    return Transition(status=new, event=on_change(old, new, event), reserve=reserve, planning_seconds=elapsed)
+
+
+def _placed_status(old: VerlJobStatus, outcome: Planned, gen: int, now: str) -> tuple[VerlJobStatus, Event]:
+    """The status and event of a planning outcome: Invalid, Pending (no capacity), or Starting."""
+    if outcome.plan is None:
+        text = "; ".join(v.one_line() for v in outcome.violations)
+        conds = [
+            condition("Valid", False, "PlanInfeasible", text, gen, now),
+            condition("Planned", False, "PlanInfeasible", text, gen, now),
+        ]
+        changes: dict[str, Any] = {"violations": list(outcome.violations), "plan": None, "mesh": ""}
+        new = advance(
+            old,
+            generation=gen,
+            now=now,
+            phase="Invalid",
+            reason="PlanInfeasible",
+            message=text,
+            conditions=conds,
+            changes=changes,
+        )
+        return new, Event("Warning", "PlanInfeasible", text)
+    mesh = outcome.mesh
+    conds = [
+        condition("Valid", True, "Planned", "spec is valid for the cluster's GPUs", gen, now),
+        condition("Planned", True, "Planned", mesh, gen, now),
+    ]
+    changes = {"plan": outcome.plan, "mesh": mesh, "violations": None}
+    placement = outcome.placement
+    if placement is None:
+        conds.append(condition("Placed", False, "InsufficientCapacity", outcome.message, gen, now))
+        new = advance(
+            old,
+            generation=gen,
+            now=now,
+            phase="Pending",
+            reason="InsufficientCapacity",
+            message=outcome.message,
+            conditions=conds,
+            changes={**changes, "placement": None, "nodes": ""},
+        )
+        return new, Event("Normal", "WaitingForCapacity", outcome.message)
+    changes.update(placement=placement, start_time=old.start_time or now)
+    if placement.handoff is not None:
+        who = placement.handoff
+        conds.append(condition("Placed", "Unknown", "HandedOff", f"placement by {who}", gen, now))
+        new = advance(
+            old,
+            generation=gen,
+            now=now,
+            phase="Starting",
+            reason="HandedOff",
+            message=f"gang placement handed to {who}",
+            conditions=conds,
+            changes=changes,
+        )
+        return new, Event("Normal", "HandedOff", f"plan {mesh}; placement handed to {who}")
+    conds.append(condition("Placed", True, "Placed", placement.message, gen, now))
+    changes["nodes"] = ",".join(placement.nodes)
+    new = advance(
+        old,
+        generation=gen,
+        now=now,
+        phase="Starting",
+        reason="Placed",
+        message=placement.message,
+        conditions=conds,
+        changes=changes,
+    )
+    return new, Event("Normal", "Placed", f"plan {mesh}; {placement.message}")
+
+
+def scheduler_unavailable(seen: Observed, exc: Exception) -> Transition:
+    """A kind the job needs is not served (Volcano's PodGroup without Volcano): ``Pending``, say so."""
+    new = advance(
+        seen.status,
+        generation=seen.generation,
+        now=seen.stamp,
+        phase="Pending",
+        reason="SchedulerUnavailable",
+        message=str(exc),
+    )
+    return Transition(
+        status=new, event=on_change(seen.status, new, Event("Warning", "SchedulerUnavailable", str(exc)))
+    )

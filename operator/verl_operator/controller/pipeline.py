@@ -1,0 +1,104 @@
+"""The one plan -> place -> children pipeline, shared by the reconciler and ``verl-operator render``.
+
+Pure: the spec and a cluster snapshot in, the plan, the placement and the child manifests out. Who places the
+pods is :attr:`verl_operator.api.spec.SchedulingSpec.gang`: the operator (``builtin``) chooses nodes here;
+for Kueue and Volcano the placement records the hand-off and the pods carry no node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from verl_operator.api.plan import Plan, Violation
+from verl_operator.api.spec import VerlJobSpec
+from verl_operator.api.status import Handoff, PlacementStatus, VerlJobStatus
+from verl_operator.controller.snapshot import Snapshot, gpus_in_use
+from verl_operator.controller.status import mesh_string
+from verl_operator.manifests import LaunchPlan, build_children
+from verl_operator.placement import place, request_from_plan
+from verl_operator.planner import plan_job
+
+HANDOFF: dict[str, Handoff] = {"kueue": "Kueue", "volcano": "Volcano"}
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The outcome of :func:`plan_and_place`.
+
+    Attributes:
+        plan: The plan; None when the spec is infeasible on the cluster (see ``violations``).
+        violations: Why there is no plan.
+        placement: Where the attempt runs; None when the plan is feasible but the nodes are busy (``message``).
+        message: Why the job waits for capacity (empty otherwise).
+    """
+
+    plan: Plan | None
+    violations: tuple[Violation, ...] = ()
+    placement: PlacementStatus | None = None
+    message: str = ""
+
+    @property
+    def mesh(self) -> str:
+        """``dp8 sp1 tp2`` of the plan ("" without one)."""
+        return mesh_string(self.plan) if self.plan is not None else ""
+
+
+def plan_and_place(
+    spec: VerlJobSpec,
+    snapshot: Snapshot,
+    reserved: Sequence[tuple[str, tuple[str, ...], int]] = (),
+    *,
+    attempt: int = 0,
+    job_uid: str | None = None,
+) -> Planned:
+    """Plan ``spec`` on the snapshot's nodes and choose the nodes of attempt ``attempt``.
+
+    Args:
+        spec: The parsed spec.
+        snapshot: Nodes and GPU pods of the cluster (an empty ``pod_entries``: an idle cluster).
+        reserved: ``(job uid, nodes, GPUs per node)`` of placed jobs; the job's own (``job_uid``) is ignored.
+        attempt: The Ray cluster incarnation being placed.
+        job_uid: The job's uid.
+
+    Returns:
+        The :class:`Planned` outcome.
+    """
+    result = plan_job(spec, list(snapshot.nodes))
+    if not result.feasible or result.plan is None:
+        return Planned(plan=None, violations=tuple(result.violations))
+    plan = result.plan
+    gang = spec.scheduling.gang
+    if gang != "builtin":
+        who = HANDOFF[gang]
+        return Planned(
+            plan=plan,
+            placement=PlacementStatus(attempt=attempt, handoff=who, message=f"placement by {who}"),
+        )
+    request = request_from_plan(plan, spec)
+    used = gpus_in_use(snapshot.pod_entries, reserved, exclude_job_uid=job_uid, live_jobs=snapshot.live_jobs)
+    chosen = place(request, snapshot.node_capacities(), used)
+    if not chosen.feasible:
+        return Planned(plan=plan, message=chosen.message)
+    placement = PlacementStatus.model_validate(
+        {"attempt": attempt, "gpusPerNode": request.gpus_per_node, **chosen.to_status()}
+    )
+    return Planned(plan=plan, placement=placement)
+
+
+def children_of(
+    job: Mapping[str, Any], spec: VerlJobSpec, status: VerlJobStatus, launcher_image: str | None = None
+) -> list[dict[str, Any]]:
+    """Every child manifest of the job's current attempt, from its plan and placement.
+
+    ``launcher_image`` is the operator's image, whose launcher jobs with ``spec.verl.launcher: inject`` copy
+    into their Ray pods (None: ``verl-launcher`` from the job's image).
+
+    Raises:
+        ValueError: The status has no plan or no placement (the job is not placed).
+    """
+    if status.plan is None or status.placement is None:
+        raise ValueError("the job has no plan and placement to build children from")
+    launch = LaunchPlan.from_plan(status.plan, spec, status.placement.nodes, launcher_image)
+    return build_children(job, spec, launch, status.attempt)

@@ -1,0 +1,156 @@
+"""Decisions for a placed attempt: create and release its pods, then follow them to the end (pure).
+
+:func:`run` carries out the :func:`~verl_operator.controller.assess.assess` verdict of the current attempt's
+pods as a :class:`~verl_operator.controller.transition.Transition`; pods of earlier attempts are deleted in
+every case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from verl_operator.api.spec import VerlJobSpec
+from verl_operator.controller.assess import Verdict, assess, pod_phase
+from verl_operator.controller.pipeline import children_of
+from verl_operator.controller.status import condition, parse_time
+from verl_operator.controller.transition import Event, Transition, advance, on_change
+from verl_operator.manifests.names import GANG_GATE, LABEL_ATTEMPT
+
+if TYPE_CHECKING:
+    from verl_operator.controller.decide import Observed
+
+Pods = Mapping[str, Mapping[str, Any]]
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    return str(pod["metadata"]["name"])
+
+
+def run(seen: Observed, spec: VerlJobSpec) -> Transition:
+    """The transition of a placed job, from the pods of its current attempt."""
+    status = seen.status
+    current = {
+        _name(p): p
+        for p in seen.pods
+        if p["metadata"].get("labels", {}).get(LABEL_ATTEMPT) == str(status.attempt)
+    }
+    stale = tuple(
+        _name(p) for p in seen.pods if _name(p) not in current and not p["metadata"].get("deletionTimestamp")
+    )
+    children = children_of(seen.job, spec, status, seen.launcher_image)
+    wanted = [str(c["metadata"]["name"]) for c in children if c["kind"] == "Pod"]
+    started = parse_time(status.start_time)
+    verdict = assess(
+        wanted,
+        current,
+        released=bool(status.placement and status.placement.ungated),
+        restarts=status.restarts,
+        backoff_limit=spec.backoff_limit,
+        elapsed=None if started is None else seen.now - started,
+        deadline=spec.active_deadline_seconds,
+    )
+    if verdict.action in ("fail", "restart", "succeed"):
+        return _end_attempt(seen, verdict, current, stale)
+    if verdict.action == "create":
+        return _create(seen, tuple(children), wanted, current, stale)
+    if verdict.action == "running":
+        return _running(seen, verdict, wanted, current, stale)
+    new = _advance(seen, "Starting", verdict.reason, verdict.message)
+    return Transition(status=new, delete=stale)
+
+
+def _advance(seen: Observed, phase: Any, reason: str, message: str, **kw: Any) -> Any:
+    return advance(
+        seen.status,
+        generation=seen.generation,
+        now=seen.stamp,
+        phase=phase,
+        reason=reason,
+        message=message,
+        **kw,
+    )
+
+
+def _end_attempt(seen: Observed, verdict: Verdict, current: Pods, stale: tuple[str, ...]) -> Transition:
+    """Fail, restart (a new attempt, the whole Ray cluster) or succeed; the attempt's pods go."""
+    gen, now, status = seen.generation, seen.stamp, seen.status
+    live = tuple(n for n, p in current.items() if pod_phase(p) not in ("Succeeded", "Failed"))
+    if verdict.action == "restart":
+        new = _advance(
+            seen,
+            "Pending",
+            "Restarting",
+            verdict.message,
+            conditions=[condition("Placed", False, "Restarting", verdict.message, gen, now)],
+            changes={
+                "attempt": status.attempt + 1,
+                "restarts": status.restarts + 1,
+                "placement": None,
+                "nodes": "",
+            },
+        )
+        event = Event("Warning", "Restarting", verdict.message)
+        return Transition(
+            status=new, event=on_change(status, new, event), delete=stale + tuple(current), unreserve=True
+        )
+    if verdict.action == "succeed":
+        new = _advance(
+            seen,
+            "Succeeded",
+            "Succeeded",
+            verdict.message,
+            conditions=[condition("Complete", True, "Succeeded", "the head pod exited 0", gen, now)],
+            changes={"completion_time": now},
+        )
+        event = Event("Normal", "Succeeded", verdict.message)
+    else:
+        new = _advance(
+            seen,
+            "Failed",
+            verdict.reason,
+            verdict.message,
+            conditions=[condition("Failed", True, verdict.reason, verdict.message, gen, now)],
+            changes={"completion_time": now},
+        )
+        event = Event("Warning", verdict.reason, verdict.message)
+    return Transition(status=new, event=on_change(status, new, event), delete=stale + live, unreserve=True)
+
+
+def _create(
+    seen: Observed,
+    children: tuple[Mapping[str, Any], ...],
+    wanted: list[str],
+    current: Pods,
+    stale: tuple[str, ...],
+) -> Transition:
+    """Create the missing children; once every pod exists, release the gang gates and record that."""
+    missing = tuple(c for c in children if c["kind"] != "Pod" or c["metadata"]["name"] not in current)
+    if not all(n in current for n in wanted):
+        return Transition(create=missing, delete=stale, recheck=True)
+    gated = tuple(
+        n
+        for n in wanted
+        if any(
+            g.get("name") == GANG_GATE for g in (current[n].get("spec") or {}).get("schedulingGates") or []
+        )
+    )
+    assert seen.status.placement is not None  # run() is only called for a placed job
+    text = f"{len(wanted)} Ray pods created and released together"
+    placement = seen.status.placement.model_copy(update={"ungated": True})
+    new = _advance(seen, "Starting", "PodsCreated", text, changes={"placement": placement})
+    event = Event("Normal", "PodsCreated", text)
+    return Transition(
+        status=new, event=on_change(seen.status, new, event), create=missing, delete=stale, ungate=gated
+    )
+
+
+def _running(
+    seen: Observed, verdict: Verdict, wanted: list[str], current: Pods, stale: tuple[str, ...]
+) -> Transition:
+    """Every pod runs: ``Running``, and ``Ready`` names each pod and its node."""
+    where = ", ".join(f"{n}@{(current[n].get('spec') or {}).get('nodeName')}" for n in wanted)
+    ready = condition("Ready", True, verdict.reason, where, seen.generation, seen.stamp)
+    new = _advance(seen, "Running", verdict.reason, verdict.message, conditions=[ready])
+    event = Event("Normal", "Running", f"all Ray pods running: {where}")
+    return Transition(status=new, event=on_change(seen.status, new, event), delete=stale)

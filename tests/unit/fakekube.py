@@ -1,0 +1,122 @@
+"""An in-memory :class:`~verl_operator.controller.kube.KubeAPI` for the reconciler's table tests.
+
+It keeps objects as the API server would return them (camelCase dicts), applies status merge patches by
+RFC 7386, answers a create of an existing object with False, and records every write and event, so a test
+reads what one pass did. It is a test double of the API server's storage, not of the reconciler's logic.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_operator.controller.kube import MissingAPIError
+from verl_operator.controller.snapshot import Snapshot, pod_usage_entry
+from verl_operator.manifests.names import LABEL_JOB
+
+
+def apply_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge member by member, ``null`` removes, anything else replaces."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = apply_merge_patch(out.get(key), value)
+    return out
+
+
+@dataclass
+class FakeKube:
+    """Jobs, pods, ConfigMaps and other children by ``(kind, namespace, name)``; writes and events logged."""
+
+    objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    writes: list[tuple[str, str]] = field(default_factory=list)
+    served_kinds: frozenset[str] = frozenset({"Pod", "ConfigMap", "Service", "ServiceAccount"})
+
+    # ---- reads -------------------------------------------------------------------------------------
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        job = self.objects.get(("VerlJob", namespace, name))
+        return copy.deepcopy(job) if job is not None else None
+
+    def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(o)
+            for (kind, ns, _), o in sorted(self.objects.items())
+            if kind == "Pod" and ns == namespace and o["metadata"].get("labels", {}).get(LABEL_JOB) == job
+        ]
+
+    def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        cm = self.objects.get(("ConfigMap", namespace, name))
+        return dict(cm.get("data") or {}) if cm is not None else None
+
+    # ---- writes ------------------------------------------------------------------------------------
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        job = self.objects[("VerlJob", namespace, name)]
+        job["status"] = apply_merge_patch(job.get("status") or {}, dict(status))
+        self.writes.append(("patch_status", name))
+
+    def create(self, manifest: Mapping[str, Any]) -> bool:
+        kind = str(manifest["kind"])
+        if kind not in self.served_kinds:
+            raise MissingAPIError(f"{manifest['apiVersion']} {kind} is not served: is Volcano installed?")
+        key = (kind, str(manifest["metadata"]["namespace"]), str(manifest["metadata"]["name"]))
+        if key in self.objects:
+            return False
+        body = copy.deepcopy(dict(manifest))
+        if kind == "Pod":
+            body["metadata"]["uid"] = f"uid-{key[2]}"
+            body["status"] = {"phase": "Pending"}
+        self.objects[key] = body
+        self.writes.append(("create", f"{kind}/{key[2]}"))
+        return True
+
+    def patch_configmap_data(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        self.objects[("ConfigMap", namespace, name)]["data"] = dict(data)
+        self.writes.append(("patch_configmap", name))
+
+    def ungate(self, namespace: str, name: str) -> None:
+        self.objects[("Pod", namespace, name)]["spec"].pop("schedulingGates", None)
+        self.writes.append(("ungate", name))
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        if self.objects.pop(("Pod", namespace, name), None) is not None:
+            self.writes.append(("delete_pod", name))
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        if self.objects.pop(("VerlJob", namespace, name), None) is not None:
+            self.writes.append(("delete_job", name))
+
+    def event(self, job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason, message))
+
+    # ---- helpers for tests -------------------------------------------------------------------------
+    def add(self, obj: dict[str, Any]) -> None:
+        """Store an object as it is (a VerlJob, a foreign pod)."""
+        meta = obj["metadata"]
+        self.objects[(str(obj["kind"]), str(meta.get("namespace", "default")), str(meta["name"]))] = obj
+
+    def pods(self) -> dict[str, dict[str, Any]]:
+        """Every pod by name."""
+        return {name: o for (kind, _, name), o in self.objects.items() if kind == "Pod"}
+
+    def kinds(self) -> list[str]:
+        """``Kind/name`` of every object but VerlJobs, sorted."""
+        return sorted(f"{kind}/{name}" for kind, _, name in self.objects if kind != "VerlJob")
+
+    def snapshot(self, nodes: list[dict[str, Any]]) -> Snapshot:
+        """The cluster snapshot the runtime would build: the nodes, GPU pods, live jobs."""
+        entries = [e for o in self.pods().values() if (e := pod_usage_entry(o)) is not None]
+        jobs = [o for (kind, _, _), o in self.objects.items() if kind == "VerlJob"]
+        return Snapshot(
+            nodes=nodes,
+            pod_entries=entries,
+            reservations=[],
+            live_uids=frozenset(str(j["metadata"]["uid"]) for j in jobs),
+            live_jobs=frozenset(f"{j['metadata']['namespace']}/{j['metadata']['name']}" for j in jobs),
+        )

@@ -1,0 +1,517 @@
+"""The reconciler against an in-memory API server: one row per phase change and condition.
+
+Each row sets a job up (a spec, earlier passes, what the pods did meanwhile), runs one more reconcile pass
+and checks what that pass wrote: phase and reason, conditions, the events it posted, the objects that exist
+afterwards. The decisions are pure (``controller.decide``); the rows go through ``JobReconciler`` so that
+applying a transition is covered too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from conftest import make_nodes
+from fakekube import FakeKube
+
+from verl_operator.api.status import PHASES, VerlJobStatus, parse_status
+from verl_operator.controller.decide import Observed, decide
+from verl_operator.controller.reconcile import JobReconciler
+from verl_operator.controller.status import format_time
+
+NS, NAME, UID = "team", "j", "uid-j"
+T0 = 1_800_000_000.0
+SPEC: dict[str, Any] = {
+    "verl": {"image": "example.com/verl:0.9.1"},
+    "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
+    "resources": {"gpus": 16},
+}
+HEAD, WORKER = f"{NAME}-r0-head", f"{NAME}-r0-worker-1"
+
+
+@dataclass
+class World:
+    """A fake API server with two 8-GPU nodes, a clock and the reconciler."""
+
+    kube: FakeKube = field(default_factory=FakeKube)
+    nodes: list[dict[str, Any]] = field(default_factory=lambda: make_nodes(2, 8))
+    now: float = T0
+    reconciler: JobReconciler = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reconciler = JobReconciler(self.kube, lambda: self.kube.snapshot(self.nodes), lambda: self.now)
+
+    def submit(self, spec: dict[str, Any], **meta: Any) -> None:
+        self.kube.add(
+            {
+                "apiVersion": "verl-operator.io/v1alpha1",
+                "kind": "VerlJob",
+                "metadata": {"name": NAME, "namespace": NS, "uid": UID, "generation": 1, **meta},
+                "spec": spec,
+            }
+        )
+
+    def job(self) -> dict[str, Any] | None:
+        return self.kube.get_job(NS, NAME)
+
+    def status(self) -> dict[str, Any]:
+        job = self.job()
+        return dict((job or {}).get("status") or {})
+
+    def reconcile(self) -> None:
+        self.reconciler.reconcile(NS, NAME)
+
+
+Step = Callable[[World], None]
+
+
+def passes(n: int) -> Step:
+    def step(w: World) -> None:
+        for _ in range(n):
+            w.reconcile()
+
+    return step
+
+
+def pods_are(phase: str, *names: str, exit_code: int | None = None, message: str | None = None) -> Step:
+    """The kubelet's part: the named pods (all when none named) bound to a node and in ``phase``."""
+
+    def step(w: World) -> None:
+        for index, (name, pod) in enumerate(sorted(w.kube.pods().items())):
+            if names and name not in names:
+                continue
+            pod["spec"]["nodeName"] = w.nodes[index % len(w.nodes)]["metadata"]["name"]
+            pod["status"] = {"phase": phase}
+            if exit_code is not None:
+                term: dict[str, Any] = {"exitCode": exit_code}
+                if message is not None:
+                    term["message"] = message
+                pod["status"]["containerStatuses"] = [{"name": "ray", "state": {"terminated": term}}]
+
+    return step
+
+
+def pod_vanishes(name: str) -> Step:
+    def step(w: World) -> None:
+        w.kube.objects.pop(("Pod", NS, name))
+
+    return step
+
+
+def spec_becomes(spec: dict[str, Any]) -> Step:
+    def step(w: World) -> None:
+        job = w.kube.objects[("VerlJob", NS, NAME)]
+        job["spec"] = spec
+        job["metadata"]["generation"] += 1
+
+    return step
+
+
+def later(seconds: float) -> Step:
+    def step(w: World) -> None:
+        w.now += seconds
+
+    return step
+
+
+def busy_node(gpus: int) -> Step:
+    """Another workload holds ``gpus`` GPUs on the first node."""
+
+    def step(w: World) -> None:
+        node = w.nodes[0]["metadata"]["name"]
+        w.kube.add(
+            {
+                "kind": "Pod",
+                "metadata": {"name": "other", "namespace": "default", "uid": "o"},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"resources": {"requests": {"nvidia.com/gpu": gpus}}}],
+                },
+                "status": {"phase": "Running"},
+            }
+        )
+
+    return step
+
+
+def with_spec(**sections: Any) -> dict[str, Any]:
+    return {**SPEC, **sections}
+
+
+RUNNING = [passes(2), pods_are("Running")]
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What the pass under test leaves: phase/reason, conditions ``type -> (status, reason)``, events it
+    posted (reasons), and the children that exist afterwards (``Kind/name``; None: not checked)."""
+
+    phase: str | None
+    reason: str | None = None
+    conditions: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    events: tuple[str, ...] = ()
+    children: tuple[str, ...] | None = None
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+KEPT = (f"ConfigMap/{NAME}-launch", f"Service/{NAME}-ray", f"ServiceAccount/{NAME}-ray")
+CHILDREN = tuple(sorted((*KEPT, f"Pod/{HEAD}", f"Pod/{WORKER}")))
+
+ROWS = [
+    pytest.param(
+        SPEC,
+        [],
+        Expect(
+            "Starting",
+            "Placed",
+            {
+                "Valid": ("True", "Planned"),
+                "Planned": ("True", "Planned"),
+                "Placed": ("True", "Placed"),
+                "Ready": ("False", "Placed"),
+                "Reconciling": ("True", "Placed"),
+                "Stalled": ("False", "Starting"),
+            },
+            events=("Placed",),
+            children=(),
+            status={"nodes": "gpu-0,gpu-1", "mesh": "dp16 sp1 tp1", "attempt": 0},
+        ),
+        id="new-job-is-placed-before-any-pod",
+    ),
+    pytest.param(
+        SPEC,
+        [passes(1)],
+        Expect(
+            "Starting",
+            "PodsCreated",
+            {"Placed": ("True", "Placed")},
+            events=("PodsCreated",),
+            children=CHILDREN,
+            status={"placement": {"ungated": True}},
+        ),
+        id="placed-job-gets-every-child-released-together",
+    ),
+    pytest.param(
+        SPEC,
+        [passes(2), pods_are("Running", HEAD)],
+        Expect(
+            "Starting", "PodsStarting", {"Ready": ("False", "PodsStarting")}, events=(), children=CHILDREN
+        ),
+        id="one-of-two-running-is-starting",
+    ),
+    pytest.param(
+        SPEC,
+        RUNNING,
+        Expect(
+            "Running",
+            "AllPodsRunning",
+            {
+                "Ready": ("True", "AllPodsRunning"),
+                "Reconciling": ("False", "Running"),
+                "Stalled": ("False", "Running"),
+            },
+            events=("Running",),
+            children=CHILDREN,
+        ),
+        id="all-running-ready-names-pods-and-nodes",
+    ),
+    pytest.param(
+        SPEC,
+        [*RUNNING, pods_are("Succeeded", HEAD, exit_code=0)],
+        Expect(
+            "Succeeded",
+            "Succeeded",
+            {"Complete": ("True", "Succeeded"), "Ready": ("True", "Succeeded")},
+            events=("Succeeded",),
+            children=tuple(sorted((*KEPT, f"Pod/{HEAD}"))),
+        ),
+        id="head-exit-0-succeeds-and-stops-the-workers",
+    ),
+    pytest.param(
+        with_spec(backoffLimit=1),
+        [*RUNNING, pods_are("Failed", WORKER, exit_code=11)],
+        Expect(
+            "Pending",
+            "Restarting",
+            {"Placed": ("False", "Restarting"), "Reconciling": ("True", "Restarting")},
+            events=("Restarting",),
+            children=KEPT,
+            status={"attempt": 1, "restarts": 1},
+        ),
+        id="worker-lost-restarts-the-whole-cluster",
+    ),
+    pytest.param(
+        with_spec(backoffLimit=1),
+        [
+            *RUNNING,
+            pods_are("Failed", WORKER, exit_code=11),
+            passes(3),
+            pods_are("Running"),
+            pods_are("Failed", f"{NAME}-r1-worker-1", exit_code=11),
+        ],
+        Expect(
+            "Failed",
+            "BackoffLimitExceeded",
+            {"Failed": ("True", "BackoffLimitExceeded"), "Stalled": ("True", "BackoffLimitExceeded")},
+            events=("BackoffLimitExceeded",),
+            status={"restarts": 1},
+        ),
+        id="second-failure-exceeds-the-backoff-limit",
+    ),
+    pytest.param(
+        with_spec(backoffLimit=3),
+        [*RUNNING, pods_are("Failed", WORKER, exit_code=12)],
+        Expect(
+            "Failed",
+            "TopologyMismatch",
+            {"Failed": ("True", "TopologyMismatch")},
+            events=("TopologyMismatch",),
+            status={"restarts": 0},
+        ),
+        id="topology-mismatch-is-not-retried",
+    ),
+    pytest.param(
+        with_spec(backoffLimit=1),
+        [*RUNNING, pod_vanishes(WORKER)],
+        Expect("Pending", "Restarting", {"Placed": ("False", "Restarting")}, events=("Restarting",)),
+        id="lost-pod-restarts",
+    ),
+    pytest.param(
+        with_spec(activeDeadlineSeconds=60),
+        [*RUNNING, later(61)],
+        Expect(
+            "Failed",
+            "DeadlineExceeded",
+            {"Failed": ("True", "DeadlineExceeded")},
+            events=("DeadlineExceeded",),
+        ),
+        id="deadline-fails-the-job",
+    ),
+    pytest.param(
+        with_spec(data={"trainBatchSize": 7}),
+        [],
+        Expect(
+            "Invalid",
+            "PlanInfeasible",
+            {
+                "Valid": ("False", "PlanInfeasible"),
+                "Planned": ("False", "PlanInfeasible"),
+                "Stalled": ("True", "PlanInfeasible"),
+            },
+            events=("PlanInfeasible",),
+            children=(),
+        ),
+        id="infeasible-spec-is-invalid-with-violations",
+    ),
+    pytest.param(
+        with_spec(resources={"gpus": 0}),
+        [],
+        Expect(
+            "Invalid",
+            "InvalidSpec",
+            {"Valid": ("False", "InvalidSpec")},
+            events=("InvalidSpec",),
+            children=(),
+        ),
+        id="schema-error-is-invalid-spec",
+    ),
+    pytest.param(
+        SPEC,
+        [*RUNNING, passes(1), spec_becomes(with_spec(resources={"gpus": 0}))],
+        Expect(
+            "Running",
+            "AllPodsRunning",
+            {"Valid": ("False", "InvalidSpec"), "Ready": ("True", "AllPodsRunning")},
+            events=(),
+            children=CHILDREN,
+        ),
+        id="invalid-update-keeps-the-pods",
+    ),
+    pytest.param(
+        SPEC,
+        [busy_node(4)],
+        Expect(
+            "Pending",
+            "InsufficientCapacity",
+            {"Placed": ("False", "InsufficientCapacity"), "Valid": ("True", "Planned")},
+            events=("WaitingForCapacity",),
+            children=("Pod/other",),
+        ),
+        id="busy-node-waits-for-capacity",
+    ),
+    pytest.param(
+        with_spec(scheduling={"queueName": "rl"}),
+        [],
+        Expect(
+            "Starting",
+            "HandedOff",
+            {"Placed": ("Unknown", "HandedOff")},
+            events=("HandedOff",),
+            children=(),
+            status={"placement": {"handoff": "Kueue", "nodes": []}},
+        ),
+        id="kueue-job-is-handed-off",
+    ),
+    pytest.param(
+        with_spec(scheduling={"scheduler": "volcano"}),
+        [passes(1)],
+        Expect("Pending", "SchedulerUnavailable", {}, events=("SchedulerUnavailable",)),
+        id="volcano-without-podgroups-says-so",
+    ),
+    pytest.param(
+        SPEC,
+        [*RUNNING, spec_becomes(with_spec(suspend=True))],
+        Expect(
+            "Suspended",
+            "Suspended",
+            {
+                "Placed": ("False", "Suspended"),
+                "Ready": ("False", "Suspended"),
+                "Reconciling": ("False", "Suspended"),
+            },
+            events=("Suspended",),
+            children=KEPT,
+            status={"attempt": 1},
+        ),
+        id="suspend-deletes-pods-next-attempt",
+    ),
+    pytest.param(
+        SPEC,
+        [*RUNNING, spec_becomes(with_spec(suspend=True)), passes(1), spec_becomes(SPEC)],
+        Expect(
+            "Starting",
+            "Placed",
+            {"Placed": ("True", "Placed")},
+            events=("Placed",),
+            status={"attempt": 1, "placement": {"attempt": 1}},
+        ),
+        id="resume-places-the-next-attempt",
+    ),
+]
+
+
+def conditions_of(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status.get("conditions") or []}
+
+
+def contains(actual: Any, expected: Any) -> bool:
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and all(contains(actual.get(k), v) for k, v in expected.items())
+    return bool(actual == expected)
+
+
+@pytest.mark.parametrize(("spec", "steps", "expect"), ROWS)
+def test_one_pass(spec: dict[str, Any], steps: list[Step], expect: Expect) -> None:
+    world = World()
+    world.submit(spec)
+    for step in steps:
+        step(world)
+    before = len(world.kube.events)
+    world.reconcile()
+    status = world.status()
+    assert (status.get("phase"), status.get("reason")) == (expect.phase, expect.reason), status.get("message")
+    conds = conditions_of(status)
+    for ctype, (cstatus, reason) in expect.conditions.items():
+        assert ctype in conds, f"no {ctype} condition: {conds}"
+        assert conds[ctype][0] == cstatus and (reason is None or conds[ctype][1] == reason), (
+            ctype,
+            conds[ctype],
+        )
+    assert tuple(e[1] for e in world.kube.events[before:]) == expect.events
+    if expect.children is not None:
+        assert tuple(world.kube.kinds()) == expect.children
+    typed = VerlJobStatus.model_validate(status)  # what the operator wrote parses strictly, nothing dropped
+    assert contains(typed.to_wire(), expect.status), status
+
+
+def test_ready_condition_names_every_pod_and_its_node() -> None:
+    """The Ready condition of a running job is the detailed one, not the phase summary written after it."""
+    world = World()
+    world.submit(SPEC)
+    for step in RUNNING:
+        step(world)
+    world.reconcile()
+    ready = {c["type"]: c for c in world.status()["conditions"]}["Ready"]
+    assert ready["message"] == f"{HEAD}@gpu-0, {WORKER}@gpu-1"
+
+
+def test_a_steady_state_writes_nothing() -> None:
+    world = World()
+    world.submit(SPEC)
+    for step in RUNNING:
+        step(world)
+    world.reconcile()
+    writes, events = len(world.kube.writes), len(world.kube.events)
+    world.reconcile()
+    world.reconcile()
+    assert world.kube.writes[writes:] == [] and world.kube.events[events:] == []
+
+
+def test_every_phase_is_reached_by_a_row() -> None:
+    reached = {row.values[2].phase for row in ROWS}
+    assert reached == set(PHASES)
+
+
+def test_the_launch_spec_expects_the_plan_node_pool_also_for_kueue() -> None:
+    world = World()
+    world.submit(with_spec(scheduling={"queueName": "rl"}))
+    passes(2)(world)
+    launch = json.loads(world.kube.objects[("ConfigMap", NS, f"{NAME}-launch")]["data"]["launch.json"])
+    assert launch["expect"]["gpuProduct"] == "NVIDIA-H100-80GB-HBM3"
+    assert launch["expect"]["gpuMemoryMiB"] == 81559
+    pods = world.kube.pods()
+    assert set(pods) == {HEAD, WORKER}
+    assert all("schedulingGates" not in p["spec"] for p in pods.values()), "Kueue gates the pods itself"
+
+
+def test_the_launch_spec_does_not_follow_the_live_nodes() -> None:
+    world = World()
+    world.submit(SPEC)
+    passes(2)(world)
+    before = world.kube.objects[("ConfigMap", NS, f"{NAME}-launch")]["data"]
+    world.nodes = world.nodes[1:]  # the head's node leaves the index
+    world.reconcile()
+    assert world.kube.objects[("ConfigMap", NS, f"{NAME}-launch")]["data"] == before
+
+
+def test_finished_job_is_deleted_after_its_ttl() -> None:
+    world = World()
+    world.submit(with_spec(ttlSecondsAfterFinished=30))
+    for step in [*RUNNING, pods_are("Succeeded", HEAD, exit_code=0), passes(1), later(29), passes(1)]:
+        step(world)
+    assert world.job() is not None
+    later(1)(world)
+    world.reconcile()
+    assert world.job() is None and world.kube.events[-1][1] == "Deleted"
+
+
+def test_pods_of_a_deleted_job_are_released_unless_orphaned() -> None:
+    world = World()
+    world.submit(SPEC)
+    passes(2)(world)
+    orphan = world.kube.objects[("Pod", NS, WORKER)]
+    orphan["metadata"]["ownerReferences"] = []
+    world.kube.objects.pop(("VerlJob", NS, NAME))
+    world.reconcile()
+    assert set(world.kube.pods()) == {WORKER}
+
+
+def test_a_job_being_deleted_is_left_alone() -> None:
+    world = World()
+    world.submit(SPEC, deletionTimestamp=format_time(T0))
+    world.reconcile()
+    assert world.kube.writes == [] and world.status() == {}
+
+
+def test_decide_is_pure_and_deterministic() -> None:
+    world = World()
+    world.submit(SPEC)
+    job = world.job()
+    assert job is not None
+    seen = Observed(job, parse_status(None), (), world.kube.snapshot(world.nodes), (), T0)
+    first, second = decide(seen), decide(seen)
+    assert first.status == second.status and first.event == second.event
+    assert world.kube.writes == []
