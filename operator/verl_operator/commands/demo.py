@@ -17,7 +17,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from verl_operator.api.plan import Plan
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "jobs"
 PLACED = "grpo-qwen7b-dgx.yaml"
@@ -54,9 +57,8 @@ def run(args: argparse.Namespace) -> int:
     from kubernetes import client, config
 
     from verl_operator.api.spec import GROUP, PLURAL, VERSION
-    from verl_operator.controller.localrun import LocalOperator, install_crd
     from verl_operator.devcluster import DevCluster, binaries
-    from verl_operator.devcluster.labels import RACK
+    from verl_operator.devcluster.localrun import LocalOperator, install_crd
 
     examples = Path(args.examples)
     cluster = DevCluster(name=args.name, profile="dgx-h100")
@@ -83,9 +85,6 @@ def run(args: argparse.Namespace) -> int:
         obj: Any = custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name)
         return dict(obj)
 
-    def phase(name: str) -> str | None:
-        return (job(name).get("status") or {}).get("phase")
-
     operator = LocalOperator(
         kubeconfig, cluster.layout.base / "operator", webhook_name="demo.verl-operator.io"
     )
@@ -93,35 +92,7 @@ def run(args: argparse.Namespace) -> int:
     operator.start()
     print(f"verl-operator run: pid {operator.proc.pid if operator.proc else '?'}, log {operator.log_path}")
     try:
-        _title(f"kubectl apply -f {PLACED}  (plans and places)")
-        print((kubectl("apply", "-f", str(examples / PLACED)).stdout or "").strip())
-        _wait("grpo-qwen7b Running", lambda: phase("grpo-qwen7b") == "Running", args.timeout)
-
-        _title(f"kubectl apply -f {REJECTED}  (rejected with suggestions)")
-        rejected = kubectl("apply", "-f", str(examples / REJECTED))
-        print(rejected.stderr.strip())
-        if rejected.returncode == 0:
-            raise SystemExit("demo: the invalid example was admitted")
-
-        _title(f"kubectl apply -f {WAITING}  (waits for capacity)")
-        print((kubectl("apply", "-f", str(examples / WAITING)).stdout or "").strip())
-        _wait("grpo-qwen14b-wait Pending", lambda: phase("grpo-qwen14b-wait") == "Pending", args.timeout)
-        print("message:", job("grpo-qwen14b-wait")["status"].get("message"))
-        _summary(kubectl, core, RACK)
-
-        _title("kubectl delete verljob grpo-qwen7b  (frees two nodes: the waiting job is placed)")
-        print(kubectl("delete", "verljob", "grpo-qwen7b").stdout.strip())
-        _wait("grpo-qwen14b-wait Running", lambda: phase("grpo-qwen14b-wait") == "Running", args.timeout)
-        _summary(kubectl, core, RACK)
-        print("\nevents of grpo-qwen14b-wait:")
-        print(
-            kubectl(
-                "get",
-                "events",
-                f"--field-selector=involvedObject.uid={job('grpo-qwen14b-wait')['metadata']['uid']}",
-                "--sort-by=.lastTimestamp",
-            ).stdout.strip()
-        )
+        _scenario(kubectl, examples, job, core, args.timeout)
     finally:
         operator.stop()
         api.close()
@@ -137,30 +108,73 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scenario(
+    kubectl: Callable[..., subprocess.CompletedProcess[str]],
+    examples: Path,
+    job: Callable[[str], dict[str, Any]],
+    core: Any,
+    timeout: float,
+) -> None:
+    """The walk-through: placed, rejected, waiting, then placed once the first job is deleted."""
+    from verl_operator.devcluster.labels import RACK
+
+    def phase(name: str) -> str | None:
+        return (job(name).get("status") or {}).get("phase")
+
+    _title(f"kubectl apply -f {PLACED}  (plans and places)")
+    print((kubectl("apply", "-f", str(examples / PLACED)).stdout or "").strip())
+    _wait("grpo-qwen7b Running", lambda: phase("grpo-qwen7b") == "Running", timeout)
+
+    _title(f"kubectl apply -f {REJECTED}  (rejected with suggestions)")
+    rejected = kubectl("apply", "-f", str(examples / REJECTED))
+    print(rejected.stderr.strip())
+    if rejected.returncode == 0:
+        raise SystemExit("demo: the invalid example was admitted")
+
+    _title(f"kubectl apply -f {WAITING}  (waits for capacity)")
+    print((kubectl("apply", "-f", str(examples / WAITING)).stdout or "").strip())
+    _wait("grpo-qwen14b-wait Pending", lambda: phase("grpo-qwen14b-wait") == "Pending", timeout)
+    print("message:", job("grpo-qwen14b-wait")["status"].get("message"))
+    _summary(kubectl, core, RACK)
+
+    _title("kubectl delete verljob grpo-qwen7b  (frees two nodes: the waiting job is placed)")
+    print(kubectl("delete", "verljob", "grpo-qwen7b").stdout.strip())
+    _wait("grpo-qwen14b-wait Running", lambda: phase("grpo-qwen14b-wait") == "Running", timeout)
+    _summary(kubectl, core, RACK)
+    uid = job("grpo-qwen14b-wait")["metadata"]["uid"]
+    print("\nevents of grpo-qwen14b-wait:")
+    events = kubectl(
+        "get", "events", f"--field-selector=involvedObject.uid={uid}", "--sort-by=.lastTimestamp"
+    )
+    print(events.stdout.strip())
+
+
 def _count(n: Any, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _plan_line(name: str, plan: dict[str, Any]) -> str:
+def _plan_line(name: str, plan: Plan) -> str:
     """One line of the plan a person wants to see."""
-    b, r, m = plan.get("batching") or {}, plan.get("rollout") or {}, plan.get("memory") or {}
+    b, r, m = plan.batching, plan.rollout, plan.memory
     return (
-        f"{name}: {plan.get('nnodes')} x {plan.get('gpusPerNode')} GPUs, dp{plan.get('dataParallelSize')} "
-        f"sp{plan.get('sequenceParallelSize')} rollout tp{r.get('tensorParallelSize')} x {r.get('replicas')} "
-        f"replicas; batch {b.get('trainBatchSize')} x n {b.get('rolloutN')}, mini-batch "
-        f"{b.get('ppoMiniBatchSize')} ({b.get('miniBatchPerGpu')}/GPU), micro {b.get('ppoMicroBatchSizePerGpu')} "
-        f"({_count(b.get('gradientAccumulationSteps'), 'accumulation step')}); peak GiB rollout {m.get('rolloutPeakGiB')} "
-        f"train {m.get('trainPeakGiB')} of {m.get('gpuMemoryGiB')}"
+        f"{name}: {plan.nnodes} x {plan.gpus_per_node} GPUs, dp{plan.data_parallel_size} "
+        f"sp{plan.sequence_parallel_size} rollout tp{r.tensor_parallel_size} x {r.replicas} "
+        f"replicas; batch {b.train_batch_size} x n {b.rollout_n}, mini-batch "
+        f"{b.ppo_mini_batch_size} ({b.mini_batch_per_gpu}/GPU), micro {b.ppo_micro_batch_size_per_gpu} "
+        f"({_count(b.gradient_accumulation_steps, 'accumulation step')}); peak GiB rollout {m.rollout_peak_gib} "
+        f"train {m.train_peak_gib} of {m.gpu_memory_gib}"
     )
 
 
 def _summary(kubectl: Callable[..., subprocess.CompletedProcess[str]], core: Any, rack_label: str) -> None:
+    from verl_operator.api.status import parse_status
+
     _title("summary")
     print(kubectl("get", "verljobs").stdout.rstrip())
     listed = kubectl("get", "verljobs", "-o", "json")
     for item in json.loads(listed.stdout or "{}").get("items", []):
-        plan = (item.get("status") or {}).get("plan")
-        if plan:
+        plan = parse_status(item.get("status")).plan
+        if plan is not None:
             print(_plan_line(item["metadata"]["name"], plan))
     racks = {n.metadata.name: (n.metadata.labels or {}).get(rack_label, "-") for n in core.list_node().items}
     pods = core.list_namespaced_pod("default", label_selector="verl-operator.io/job").items

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from verl_operator.api.errors import validation_lines
 from verl_operator.api.spec import VerlJob
-from verl_operator.planner import PlanResult, plan_job
+from verl_operator.planner import Plan, PlanResult, plan_job
 
 EXIT_FEASIBLE = 0
 EXIT_INFEASIBLE = 1
@@ -168,6 +168,71 @@ def live_nodes(kubeconfig: str) -> list[dict[str, Any]]:
     return [i for i in items if isinstance(i, dict)]
 
 
+def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
+    """The ``name  value`` rows of a feasible plan in the human view."""
+    b, ro, mem = plan.batching, plan.rollout, plan.memory
+    rows = [
+        ("verl", plan.verl_version),
+        ("nodes", f"{plan.nnodes} x {plan.gpus_per_node} GPUs ({plan.node_pool.gpu_product})"),
+        ("candidates", ", ".join(plan.candidate_nodes)),
+        (
+            "world / DP / SP / fsdp",
+            f"{plan.world_size} / {plan.data_parallel_size} / "
+            f"{plan.sequence_parallel_size} / {plan.fsdp_size}",
+        ),
+        (
+            "rollout",
+            f"{ro.mode}, TP {ro.tensor_parallel_size}, {ro.replicas} replicas, "
+            f"{ro.prompts_per_replica:g} prompts each, gmu {ro.gpu_memory_utilization}",
+        ),
+        (
+            "batch",
+            f"{b.train_batch_size} prompts x n {b.rollout_n} = {b.trajectories_per_step} trajectories",
+        ),
+        (
+            "mini-batch",
+            f"{b.ppo_mini_batch_size} prompts -> {b.mini_batch_per_gpu} per GPU, "
+            f"{b.mini_batches_per_step} per step",
+        ),
+    ]
+    if b.dynamic_batch_size:
+        rows.append(
+            (
+                "token budget",
+                f"{b.max_token_len_per_gpu} per GPU (log-prob {b.log_prob_max_token_len_per_gpu})",
+            )
+        )
+    else:
+        rows.append(
+            (
+                "micro-batch",
+                f"{b.ppo_micro_batch_size_per_gpu} -> {b.gradient_accumulation_steps} "
+                "grad-accumulation steps",
+            )
+        )
+        rows.append(
+            (
+                "log-prob micro",
+                f"{b.log_prob_micro_batch_size_per_gpu} -> {b.log_prob_passes_per_gpu} passes per GPU",
+            )
+        )
+    rows.append(
+        (
+            "memory (GiB)",
+            f"rollout {mem.rollout_peak_gib}, train {mem.train_peak_gib}, "
+            f"log-prob {mem.log_prob_peak_gib} of {mem.gpu_memory_gib}",
+        )
+    )
+    if plan.padding.padded_trajectories:
+        rows.append(
+            (
+                "padding",
+                f"{plan.padding.padded_trajectories} trajectories ({plan.padding.waste_fraction:.1%})",
+            )
+        )
+    return rows
+
+
 def render_table(result: PlanResult) -> str:
     """The human view: a summary, the derived numbers, the memory estimate and the overrides."""
     out: list[str] = []
@@ -180,66 +245,7 @@ def render_table(result: PlanResult) -> str:
             for s in v.suggestions:
                 out.append(f"      -> {s}")
     else:
-        b, ro, mem = plan.batching, plan.rollout, plan.memory
-        rows = [
-            ("verl", plan.verl_version),
-            ("nodes", f"{plan.nnodes} x {plan.gpus_per_node} GPUs ({plan.node_pool.gpu_product})"),
-            ("candidates", ", ".join(plan.candidate_nodes)),
-            (
-                "world / DP / SP / fsdp",
-                f"{plan.world_size} / {plan.data_parallel_size} / "
-                f"{plan.sequence_parallel_size} / {plan.fsdp_size}",
-            ),
-            (
-                "rollout",
-                f"{ro.mode}, TP {ro.tensor_parallel_size}, {ro.replicas} replicas, "
-                f"{ro.prompts_per_replica:g} prompts each, gmu {ro.gpu_memory_utilization}",
-            ),
-            (
-                "batch",
-                f"{b.train_batch_size} prompts x n {b.rollout_n} = {b.trajectories_per_step} trajectories",
-            ),
-            (
-                "mini-batch",
-                f"{b.ppo_mini_batch_size} prompts -> {b.mini_batch_per_gpu} per GPU, "
-                f"{b.mini_batches_per_step} per step",
-            ),
-        ]
-        if b.dynamic_batch_size:
-            rows.append(
-                (
-                    "token budget",
-                    f"{b.max_token_len_per_gpu} per GPU (log-prob {b.log_prob_max_token_len_per_gpu})",
-                )
-            )
-        else:
-            rows.append(
-                (
-                    "micro-batch",
-                    f"{b.ppo_micro_batch_size_per_gpu} -> {b.gradient_accumulation_steps} "
-                    "grad-accumulation steps",
-                )
-            )
-            rows.append(
-                (
-                    "log-prob micro",
-                    f"{b.log_prob_micro_batch_size_per_gpu} -> {b.log_prob_passes_per_gpu} passes per GPU",
-                )
-            )
-        rows.append(
-            (
-                "memory (GiB)",
-                f"rollout {mem.rollout_peak_gib}, train {mem.train_peak_gib}, "
-                f"log-prob {mem.log_prob_peak_gib} of {mem.gpu_memory_gib}",
-            )
-        )
-        if plan.padding.padded_trajectories:
-            rows.append(
-                (
-                    "padding",
-                    f"{plan.padding.padded_trajectories} trajectories ({plan.padding.waste_fraction:.1%})",
-                )
-            )
+        rows = _plan_rows(plan)
         width = max(len(k) for k, _ in rows)
         out.append("FEASIBLE")
         out += [f"  {k.ljust(width)}  {v}" for k, v in rows]

@@ -179,32 +179,38 @@ def place_job(seen: Observed, spec: VerlJobSpec) -> Transition:
     return Transition(status=new, event=on_change(old, new, event), reserve=reserve, planning_seconds=elapsed)
 
 
+def _infeasible_status(
+    old: VerlJobStatus, outcome: Planned, gen: int, now: str
+) -> tuple[VerlJobStatus, Event]:
+    """No plan: ``Invalid`` with the planner's violations."""
+    text = "; ".join(v.one_line() for v in outcome.violations)
+    conds = [
+        condition("Valid", False, "PlanInfeasible", text, gen, now),
+        condition("Planned", False, "PlanInfeasible", text, gen, now),
+    ]
+    new = advance(
+        old,
+        generation=gen,
+        now=now,
+        phase="Invalid",
+        reason="PlanInfeasible",
+        message=text,
+        conditions=conds,
+        changes={"violations": list(outcome.violations), "plan": None, "mesh": ""},
+    )
+    return new, Event("Warning", "PlanInfeasible", text)
+
+
 def _placed_status(old: VerlJobStatus, outcome: Planned, gen: int, now: str) -> tuple[VerlJobStatus, Event]:
     """The status and event of a planning outcome: Invalid, Pending (no capacity), or Starting."""
     if outcome.plan is None:
-        text = "; ".join(v.one_line() for v in outcome.violations)
-        conds = [
-            condition("Valid", False, "PlanInfeasible", text, gen, now),
-            condition("Planned", False, "PlanInfeasible", text, gen, now),
-        ]
-        changes: dict[str, Any] = {"violations": list(outcome.violations), "plan": None, "mesh": ""}
-        new = advance(
-            old,
-            generation=gen,
-            now=now,
-            phase="Invalid",
-            reason="PlanInfeasible",
-            message=text,
-            conditions=conds,
-            changes=changes,
-        )
-        return new, Event("Warning", "PlanInfeasible", text)
+        return _infeasible_status(old, outcome, gen, now)
     mesh = outcome.mesh
     conds = [
         condition("Valid", True, "Planned", "spec is valid for the cluster's GPUs", gen, now),
         condition("Planned", True, "Planned", mesh, gen, now),
     ]
-    changes = {"plan": outcome.plan, "mesh": mesh, "violations": None}
+    changes: dict[str, Any] = {"plan": outcome.plan, "mesh": mesh, "violations": None}
     placement = outcome.placement
     if placement is None:
         conds.append(condition("Placed", False, "InsufficientCapacity", outcome.message, gen, now))

@@ -186,8 +186,6 @@ def _build_pod(
     name, namespace, _ = job_identity(job)
     names = ChildNames(name, namespace)
     role = "head" if index == 0 else "worker"
-    sched = spec.scheduling
-    node = plan.nodes[index] if index < len(plan.nodes) else None
     labels = {LABEL_ROLE: role, LABEL_ATTEMPT: str(attempt), LABEL_INDEX: str(index)}
     annotations: dict[str, str] = {}
     security = spec.security
@@ -243,6 +241,26 @@ def _build_pod(
         *({"key": key, "operator": "Exists"} for key in sorted(TOLERATED_TAINT_KEYS)),
         *(dict(t) for t in spec.resources.tolerations),
     ]
+    _schedule(pod_spec, labels, annotations, spec, plan, name, index, attempt)
+    metadata = _metadata(job, names.pod(attempt, index), labels)
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _schedule(
+    pod_spec: dict[str, Any],
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    spec: VerlJobSpec,
+    plan: LaunchPlan,
+    name: str,
+    index: int,
+    attempt: int,
+) -> None:
+    """Who places the pod (``spec.scheduling.gang``) and where: fills the pod's spec, labels, annotations."""
+    sched = spec.scheduling
+    node = plan.nodes[index] if index < len(plan.nodes) else None
     if sched.priority_class_name:
         pod_spec["priorityClassName"] = sched.priority_class_name
     if sched.gang == "kueue" and sched.queue_name is not None:
@@ -272,10 +290,6 @@ def _build_pod(
         if spec.resources.gpu_product:
             selector["nvidia.com/gpu.product"] = spec.resources.gpu_product
         pod_spec["nodeSelector"] = selector
-    metadata = _metadata(job, names.pod(attempt, index), labels)
-    if annotations:
-        metadata["annotations"] = annotations
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
 def _ports(role: str) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Run ``verl-operator run`` as a local subprocess (for ``make demo`` and the cluster tests).
+"""Run ``verl-operator run`` as a local subprocess next to a devcluster (for ``make demo`` and the cluster tests).
 
 The process listens on 127.0.0.1 only: health, metrics and a webhook server with a self-signed
 certificate; it manages its own ValidatingWebhookConfiguration, which :meth:`LocalOperator.stop` deletes
