@@ -12,11 +12,11 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from verl_operator.devcluster.health import http_get, http_status
 from verl_operator.devcluster.ports import pick_free_ports
 
 
@@ -111,16 +111,18 @@ class LocalOperator:
 
     def healthy(self) -> bool:
         """True when ``/healthz`` answers 200."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1) as rsp:
-                return bool(rsp.status == 200)
-        except OSError:
-            return False
+        return http_status(f"http://127.0.0.1:{self.health_port}", "/healthz", timeout=1) == 200
 
     def metrics(self) -> str:
-        """The Prometheus exposition text."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as rsp:
-            return str(rsp.read().decode())
+        """The Prometheus exposition text.
+
+        Raises:
+            LocalOperatorError: The metrics endpoint does not answer 200.
+        """
+        answer = http_get(f"http://127.0.0.1:{self.metrics_port}", "/metrics")
+        if answer is None or answer[0] != 200:
+            raise LocalOperatorError(f"/metrics on port {self.metrics_port} answered {answer and answer[0]}")
+        return answer[1].decode()
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the log."""

@@ -394,14 +394,12 @@ def _running(state: dict[str, Any], key: str) -> bool:
 
 
 def _http_ok(url: str) -> bool:
-    import urllib.error
-    import urllib.request
+    from urllib.parse import urlsplit
 
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # loopback only
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+    from verl_operator.devcluster.health import http_status
+
+    parts = urlsplit(url)  # loopback only
+    return http_status(f"{parts.scheme}://{parts.netloc}", parts.path or "/") == 200
 
 
 def running(state: dict[str, Any]) -> dict[str, bool]:
