@@ -28,10 +28,10 @@ class Violation(_Frozen):
         suggestions: The nearest valid values or the changes that would make it valid.
     """
 
-    field: str
-    rule: str
-    message: str
-    suggestions: list[str] = Field(default_factory=list)
+    field: str = Field(description="The spec field or override to change.")
+    rule: str = Field(description="Stable rule identifier (docs/planner.md).")
+    message: str = Field(description="What is wrong, with every factor of the arithmetic.")
+    suggestions: list[str] = Field(default_factory=list, description="The nearest valid values.")
 
     def one_line(self) -> str:
         """``field: message (suggestions: a; b)``: the form of status messages, events and admission denials."""
@@ -42,41 +42,61 @@ class Violation(_Frozen):
 class RolloutPlan(_Frozen):
     """The vLLM rollout layout."""
 
-    mode: str
-    name: str = "vllm"
-    tensor_parallel_size: int
-    replicas: int
-    prompts_per_replica: float
-    sequences_per_replica: float
-    gpu_memory_utilization: float
-    max_model_len: int
-    kv_cache_tokens_per_replica: int
+    mode: str = Field(description="Rollout mode in the verl dialect (sync = SPMD, async = server).")
+    name: str = Field(default="vllm", description="Rollout engine.")
+    tensor_parallel_size: int = Field(description="vLLM tensor parallel size per replica.")
+    replicas: int = Field(description="vLLM replicas (GPUs / tensorParallelSize).")
+    prompts_per_replica: float = Field(description="Prompts each replica generates per step.")
+    sequences_per_replica: float = Field(
+        description="Sequences (prompts x n) each replica generates per step."
+    )
+    gpu_memory_utilization: float = Field(description="Fraction of GPU memory vLLM may take.")
+    max_model_len: int = Field(description="Longest sequence (prompt + response) in tokens.")
+    kv_cache_tokens_per_replica: int = Field(description="Tokens the KV cache of one replica holds.")
 
 
 class BatchingPlan(_Frozen):
     """Batch sizes and the derived per-GPU numbers."""
 
-    train_batch_size: int
-    rollout_n: int
-    trajectories_per_step: int
-    ppo_mini_batch_size: int
-    mini_batch_per_gpu: int
-    ppo_micro_batch_size_per_gpu: int | None = None
-    gradient_accumulation_steps: int | None = None
-    log_prob_micro_batch_size_per_gpu: int | None = None
-    log_prob_passes_per_gpu: int | None = None
-    dynamic_batch_size: bool
-    max_token_len_per_gpu: int | None = None
-    log_prob_max_token_len_per_gpu: int | None = None
-    mini_batches_per_step: int
+    train_batch_size: int = Field(description="Prompts per step (data.train_batch_size).")
+    rollout_n: int = Field(description="Responses per prompt (rollout.n).")
+    trajectories_per_step: int = Field(description="trainBatchSize x rolloutN.")
+    ppo_mini_batch_size: int = Field(description="Prompts per PPO mini-batch.")
+    mini_batch_per_gpu: int = Field(description="Sequences of one mini-batch on each GPU.")
+    ppo_micro_batch_size_per_gpu: int | None = Field(
+        default=None, description="Sequences per GPU per forward/backward (null with dynamic batch size)."
+    )
+    gradient_accumulation_steps: int | None = Field(
+        default=None, description="Micro-batches per mini-batch on each GPU."
+    )
+    log_prob_micro_batch_size_per_gpu: int | None = Field(
+        default=None, description="Sequences per GPU per log-prob forward."
+    )
+    log_prob_passes_per_gpu: int | None = Field(
+        default=None, description="Log-prob forwards per GPU per step."
+    )
+    dynamic_batch_size: bool = Field(description="Micro-batches packed by token count (use_dynamic_bsz).")
+    max_token_len_per_gpu: int | None = Field(
+        default=None, description="Token budget per GPU with dynamic batch size."
+    )
+    log_prob_max_token_len_per_gpu: int | None = Field(
+        default=None, description="Log-prob token budget per GPU with dynamic batch size."
+    )
+    mini_batches_per_step: int = Field(description="PPO mini-batches per step.")
 
 
 class MemoryPhase(_Frozen):
     """One phase's per-GPU estimate: its parts in GiB and the peak (safety factor applied to estimated parts)."""
 
-    peak_gib: float = Field(serialization_alias="peakGiB", validation_alias=AliasChoices("peakGiB"))
+    peak_gib: float = Field(
+        description="Peak GiB per GPU.",
+        serialization_alias="peakGiB",
+        validation_alias=AliasChoices("peakGiB"),
+    )
     parts_gib: dict[str, float] = Field(
-        serialization_alias="partsGiB", validation_alias=AliasChoices("partsGiB")
+        description="The parts of the peak, in GiB.",
+        serialization_alias="partsGiB",
+        validation_alias=AliasChoices("partsGiB"),
     )
 
 
@@ -84,59 +104,71 @@ class MemoryPlan(_Frozen):
     """Per-GPU memory estimate of the three phases against the GPU's memory."""
 
     gpu_memory_gib: float = Field(
-        serialization_alias="gpuMemoryGiB", validation_alias=AliasChoices("gpuMemoryGiB")
+        description="GPU memory in GiB.",
+        serialization_alias="gpuMemoryGiB",
+        validation_alias=AliasChoices("gpuMemoryGiB"),
     )
     rollout_peak_gib: float = Field(
-        serialization_alias="rolloutPeakGiB", validation_alias=AliasChoices("rolloutPeakGiB")
+        description="Peak GiB per GPU while generating.",
+        serialization_alias="rolloutPeakGiB",
+        validation_alias=AliasChoices("rolloutPeakGiB"),
     )
     train_peak_gib: float = Field(
-        serialization_alias="trainPeakGiB", validation_alias=AliasChoices("trainPeakGiB")
+        description="Peak GiB per GPU while training.",
+        serialization_alias="trainPeakGiB",
+        validation_alias=AliasChoices("trainPeakGiB"),
     )
     log_prob_peak_gib: float = Field(
-        serialization_alias="logProbPeakGiB", validation_alias=AliasChoices("logProbPeakGiB")
+        description="Peak GiB per GPU while computing log-probs.",
+        serialization_alias="logProbPeakGiB",
+        validation_alias=AliasChoices("logProbPeakGiB"),
     )
-    safety_factor: float
-    rollout: MemoryPhase
-    train: MemoryPhase
-    log_prob: MemoryPhase
+    safety_factor: float = Field(description="Factor applied to the estimated parts.")
+    rollout: MemoryPhase = Field(description="The rollout phase.")
+    train: MemoryPhase = Field(description="The training phase.")
+    log_prob: MemoryPhase = Field(description="The log-prob phase.")
 
 
 class PaddingPlan(_Frozen):
     """Zero-weight samples the trainer adds per step (verl >= 0.7 pads instead of failing)."""
 
-    padded_trajectories: int
-    waste_fraction: float
+    padded_trajectories: int = Field(description="Zero-weight trajectories added per step.")
+    waste_fraction: float = Field(description="Share of the padded batch that is padding.")
 
 
 class NodePoolPlan(_Frozen):
     """The node group the plan is for."""
 
-    gpu_product: str
-    gpu_memory_mib: int
-    nvlink_domain_size: int
-    eligible_nodes: int
-    excluded: dict[str, str]
+    gpu_product: str = Field(description="nvidia.com/gpu.product of the pool.")
+    gpu_memory_mib: int = Field(description="GPU memory in MiB.")
+    nvlink_domain_size: int = Field(description="GPUs per NVLink domain on a node.")
+    eligible_nodes: int = Field(description="Nodes of the pool.")
+    excluded: dict[str, str] = Field(description="Excluded nodes and why.")
 
 
 class Plan(_Frozen):
     """A complete, valid layout of the job on the cluster's GPUs."""
 
-    verl_version: str
-    nodes: list[str]
-    nnodes: int
-    gpus_per_node: int
-    candidate_nodes: list[str]
-    nvlink_group_size: int
-    world_size: int
-    data_parallel_size: int
-    sequence_parallel_size: int
-    fsdp_size: int
-    rollout: RolloutPlan
-    batching: BatchingPlan
-    memory: MemoryPlan
-    padding: PaddingPlan
-    node_pool: NodePoolPlan
-    overrides: list[str]
+    verl_version: str = Field(description="verl release line the plan is written for.")
+    nodes: list[str] = Field(
+        description="The first nnodes candidate nodes (the operator places on free ones)."
+    )
+    nnodes: int = Field(description="Nodes (Ray pods) of the job (trainer.nnodes).")
+    gpus_per_node: int = Field(description="GPUs each pod holds (trainer.n_gpus_per_node).")
+    candidate_nodes: list[str] = Field(description="Every node the job may run on.")
+    nvlink_group_size: int = Field(
+        description="GPUs that must share an NVLink domain (max of rollout TP and SP)."
+    )
+    world_size: int = Field(description="GPUs in all.")
+    data_parallel_size: int = Field(description="Data parallel size of the actor.")
+    sequence_parallel_size: int = Field(description="Ulysses sequence parallel size.")
+    fsdp_size: int = Field(description="FSDP shard group size (-1 = the whole world).")
+    rollout: RolloutPlan = Field(description="The vLLM rollout layout.")
+    batching: BatchingPlan = Field(description="Batch sizes and the derived per-GPU numbers.")
+    memory: MemoryPlan = Field(description="Per-GPU memory estimate.")
+    padding: PaddingPlan = Field(description="Padding the trainer adds per step.")
+    node_pool: NodePoolPlan = Field(description="The node group the plan is for.")
+    overrides: list[str] = Field(description="The full verl override list.")
 
 
 class PlanResult(_Frozen):
