@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from verl_operator.api.spec import GROUP, PLURAL, VERSION
+from verl_operator.api.status import ACTIVE_PHASES
 from verl_operator.controller.kube import Kube
 from verl_operator.controller.snapshot import Snapshot, node_capacity, pod_usage_entry
 from verl_operator.manifests.names import LABEL_JOB
@@ -30,7 +31,6 @@ from verl_operator.placement import NodeCapacity
 from verl_operator.planner.facts import NodeFacts, node_facts
 
 JobKey = tuple[str, str]
-ACTIVE_PHASES = frozenset({"Starting", "Running"})
 
 
 def _rv(obj: Mapping[str, Any]) -> int | None:
