@@ -33,6 +33,8 @@ RUN if ! command -v python3 >/dev/null; then \
       && rm -rf /var/lib/apt/lists/*; \
     fi
 COPY --from=build /opt/verl-operator /opt/verl-operator
+RUN echo 'nonroot:x:65532:65532:nonroot:/tmp:/usr/sbin/nologin' >> /etc/passwd \
+    && echo 'nonroot:x:65532:' >> /etc/group
 ENV PATH=/opt/verl-operator/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     HOME=/tmp \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: venv demo test lint test-unit test-ray test-cluster test-fidelity bench crds clean
+.PHONY: venv demo test lint test-unit test-ray test-cluster test-node test-fidelity bench crds clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,12 +40,17 @@ test-ray: venv
 test-cluster: venv
 	$(PYTEST) tests/cluster
 
+# Real containers: two real kubelet nodes (Debian's containerd, runc, CNI plugins; installed with apt-get
+# when missing) joined to the control plane, the operator installed by its chart. Needs root.
+test-node: venv
+	$(PYTEST) tests/node
+
 test-fidelity: venv
 	$(BIN)/python tests/fidelity/verl_envs.py
 	$(PYTEST) tests/fidelity
 
-# Every tier: pure logic, real local Ray, the real local control plane, verl's own config code.
-test: lint test-unit test-ray test-cluster test-fidelity
+# Every tier: pure logic, real local Ray, the real local control plane, real nodes, verl's own config code.
+test: lint test-unit test-ray test-cluster test-node test-fidelity
 
 # The CRD is generated from the pydantic models; the chart ships a copy (a unit test checks both).
 crds: venv

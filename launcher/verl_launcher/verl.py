@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import zipfile
 from collections.abc import Mapping
+from pathlib import Path
 
 from verl_launcher.spec import LaunchSpec
 
@@ -90,4 +93,20 @@ def build_env(
         env.setdefault(name, value)
     if with_ray_address:
         env.setdefault("RAY_ADDRESS", ray_address or head_address(spec))
+    archive = launcher_archive()
+    if archive is not None:
+        # Run from the injected zipapp: Ray's worker processes (the GPU probe task) import verl_launcher
+        # from the same archive.
+        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if archive not in paths:
+            env["PYTHONPATH"] = os.pathsep.join([archive, *paths])
     return env
+
+
+def launcher_archive(module_file: str | None = None) -> str | None:
+    """The zipapp this launcher runs from (``.../verl-launcher.pyz``), or None when it is installed."""
+    path = Path(module_file or __file__)
+    for parent in path.parents:
+        if parent.suffix == ".pyz" or (parent.is_file() and zipfile.is_zipfile(parent)):
+            return str(parent)
+    return None

@@ -8,6 +8,7 @@ with ``VERL_OPERATOR_UPDATE_SNAPSHOTS=1 .venv/bin/python -m pytest tests/unit/te
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 import zipfile
@@ -17,13 +18,16 @@ from typing import Any
 import pytest
 from test_manifests_children import JOB, PLAN, check_snapshot, make_spec
 
+from verl_launcher.spec import LaunchSpec
+from verl_launcher.verl import build_env, launcher_archive
 from verl_operator.devcluster.imagebuild import launcher_zipapp
-from verl_operator.manifests import build_children, build_head_pod, build_worker_pod
+from verl_operator.manifests import build_children, build_head_pod, build_launch_spec, build_worker_pod
 from verl_operator.manifests.launchspec import LAUNCHER_IN_OPERATOR_IMAGE, LAUNCHER_PYZ
 
 OPERATOR_IMAGE = "ghcr.io/verl-operator/verl-operator:0.1.0"
 INJECTING = dataclasses.replace(PLAN, launcher_image=OPERATOR_IMAGE)
 LAUNCHER_SOURCES = Path(__file__).resolve().parents[2] / "launcher" / "verl_launcher"
+LAUNCH_DOC = build_launch_spec(JOB, make_spec(), PLAN)
 
 
 def ray_container(pod: dict[str, Any]) -> dict[str, Any]:
@@ -115,3 +119,35 @@ def test_the_zipapp_runs_with_a_plain_python(tmp_path: Path) -> None:
         check=False,
     )
     assert where.stdout.strip().startswith(str(pyz)), where.stdout + where.stderr
+
+
+@pytest.mark.parametrize(
+    ("module_file", "archive"),
+    [
+        pytest.param(
+            "/opt/verl-launcher/verl-launcher.pyz/verl_launcher/verl.py",
+            "/opt/verl-launcher/verl-launcher.pyz",
+            id="zipapp",
+        ),
+        pytest.param("/usr/lib/python3/site-packages/verl_launcher/verl.py", None, id="installed"),
+    ],
+)
+def test_the_launcher_knows_its_archive(module_file: str, archive: str | None) -> None:
+    assert launcher_archive(module_file) == archive
+
+
+def test_ray_processes_started_from_the_zipapp_can_import_the_launcher(tmp_path: Path) -> None:
+    """Ray's workers run the launcher's probe task: the env of `ray start` puts the archive on PYTHONPATH."""
+    pyz = tmp_path / "verl-launcher.pyz"
+    pyz.write_bytes(launcher_zipapp(LAUNCHER_SOURCES))
+    code = (
+        "import sys, json; sys.path.insert(0, sys.argv[1]); "
+        "from verl_launcher.verl import launcher_archive; print(json.dumps(launcher_archive()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code, str(pyz)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == str(pyz)
+    env = build_env(LaunchSpec.model_validate(LAUNCH_DOC), {"PYTHONPATH": "/extra"})
+    assert env["PYTHONPATH"] == "/extra", "an installed launcher leaves PYTHONPATH alone"

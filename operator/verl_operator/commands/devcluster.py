@@ -7,7 +7,7 @@ import json
 import shlex
 import sys
 
-from verl_operator.devcluster import DevCluster, DevClusterError, ProfileError, binaries
+from verl_operator.devcluster import DevCluster, DevClusterError, ProfileError, binaries, projectimages
 from verl_operator.devcluster.binaries import BinaryError
 from verl_operator.devcluster.imagebuild import ImageBuildError
 from verl_operator.devcluster.layout import COMPONENTS
@@ -72,6 +72,19 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     env = named("env", "print `export KUBECONFIG=...` for eval in a shell")
     env.set_defaults(func=_env)
 
+    image = sub.add_parser(
+        "image",
+        help="build the operator image without a container engine and print the OCI archive's path",
+        description=(
+            "Build the operator image as the Dockerfile does, from Debian packages (mmdebstrap, as root) and "
+            "this source tree, into an OCI archive in the cache (push it with `skopeo copy "
+            "oci-archive:PATH docker://REGISTRY/IMAGE:TAG`). With --name, also import it into that "
+            "instance's real nodes."
+        ),
+    )
+    image.add_argument("--name", default=None, help="import into this instance's real nodes")
+    image.set_defaults(func=_image)
+
     found = sub.add_parser(
         "binaries", help="find or build the pinned binaries and print their paths and versions"
     )
@@ -135,6 +148,17 @@ def _env(args: argparse.Namespace) -> int:
     if not cluster.kubeconfig.is_file():
         return _error(f"devcluster {args.name!r} has no kubeconfig: run `verl-operator devcluster up`")
     print(f"export KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}")
+    return 0
+
+
+def _image(args: argparse.Namespace) -> int:
+    try:
+        archive = projectimages.build_operator_image()
+        if args.name:
+            DevCluster(name=args.name).import_image(archive)
+    except (ImageBuildError, DevClusterError, RealNodeError) as exc:
+        return _error(str(exc))
+    print(f"{projectimages.operator_image()}  {archive}  ({archive.stat().st_size >> 20} MiB)")
     return 0
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from verl_operator.controller.status import pod_failure
+from verl_operator.controller.status import pod_failure, pod_success
 
 Action = Literal["fail", "restart", "succeed", "create", "running", "starting"]
 
@@ -88,7 +88,7 @@ def assess(
             return Verdict("fail", "BackoffLimitExceeded", f"{message}; backoffLimit {backoff_limit} reached")
         return Verdict("fail", reason, message)
     if wanted and pod_phase(current.get(wanted[0])) == "Succeeded":
-        return Verdict("succeed", "Succeeded", "the verl run finished")
+        return Verdict("succeed", "Succeeded", pod_success(current[wanted[0]]))
     if not released:
         return Verdict("create")
     running = sum(1 for n in wanted if pod_phase(current.get(n)) == "Running")

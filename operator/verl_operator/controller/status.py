@@ -125,6 +125,24 @@ EXIT_REASONS: dict[int, tuple[str, bool]] = {
 RETRYABLE: dict[str, bool] = {reason: retry for reason, retry in EXIT_REASONS.values()}
 
 
+def pod_success(pod: Mapping[str, Any]) -> str:
+    """The message of a succeeded head pod: the launcher's termination message (``verl finished at step 2
+    of 2``), or a generic one when the pod has none."""
+    import json
+
+    for cs in ((pod.get("status") or {}).get("containerStatuses")) or []:
+        text = (((cs.get("state") or {}).get("terminated")) or {}).get("message")
+        if not text:
+            continue
+        try:
+            doc = json.loads(str(text).strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            continue
+        if isinstance(doc, dict) and doc.get("message"):
+            return f"the verl run finished: {doc['message']}"
+    return "the verl run finished"
+
+
 def pod_failure(pod: Mapping[str, Any]) -> tuple[str, str, bool]:
     """``(reason, message, retryable)`` of a failed Ray pod, from its container's termination state.
 

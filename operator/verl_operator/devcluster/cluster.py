@@ -326,6 +326,18 @@ class DevCluster:
             self._lock_path().unlink(missing_ok=True)
         self._say("stopped and removed")
 
+    def import_image(self, archive: Path) -> None:
+        """Import an OCI image archive into every real node's containerd (``imagePullPolicy: Never`` works).
+
+        Raises:
+            DevClusterError: The instance runs no real nodes.
+        """
+        sockets = realnodes.containerd_sockets(self.layout, self._state())
+        if not sockets:
+            raise DevClusterError(f"devcluster {self.name!r} runs no real nodes: start it with --real-nodes")
+        for socket in sockets:
+            realnodes.import_image(socket, archive)
+
     def _stop_real_nodes(self) -> list[str]:
         state = self._state()
         if not (state.get("node_processes") or state.get("host")):

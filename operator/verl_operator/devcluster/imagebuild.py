@@ -43,8 +43,11 @@ BASE_PACKAGES: tuple[str, ...] = ("python3", "python3-venv", "ca-certificates")
 VENV = "/opt/verl-operator"
 #: The self-contained launcher inside the operator image (copied into Ray pods by an init container).
 LAUNCHER_PYZ = LAUNCHER_IN_OPERATOR_IMAGE
-#: The operator image's user (non-root; the chart's securityContext uses the same ids).
+#: The operator image's user (non-root; the chart's securityContext uses the same ids), with the account
+#: lines the image gets (Python's getpass and others look the user up).
 NONROOT = "65532:65532"
+NONROOT_PASSWD = "nonroot:x:65532:65532:nonroot:/tmp:/usr/sbin/nologin\n"
+NONROOT_GROUP = "nonroot:x:65532:\n"
 
 Progress = Callable[[str], None]
 
@@ -64,6 +67,8 @@ class Recipe:
         files: ``{path in image: content}`` added to the top layer.
         config: Entrypoint, environment and user.
         sources: Local paths whose content is part of the cache key (a project being installed).
+        venv: Where the virtualenv goes.
+        nonroot: Add the ``nonroot`` (65532) account to ``/etc/passwd`` and ``/etc/group``.
     """
 
     name: str
@@ -72,6 +77,8 @@ class Recipe:
     files: dict[str, bytes] = field(default_factory=dict)
     config: oci.ImageConfig = field(default_factory=oci.ImageConfig)
     sources: tuple[Path, ...] = ()
+    venv: str = VENV
+    nonroot: bool = False
 
 
 def _say(message: str) -> None:
@@ -168,7 +175,15 @@ def _recipe_key(recipe: Recipe, base: Path) -> str:
     digest = hashlib.sha256()
     digest.update(base.name.encode())
     digest.update(
-        json.dumps([recipe.reference, recipe.requirements, oci.config_document(recipe.config, [])]).encode()
+        json.dumps(
+            [
+                recipe.reference,
+                recipe.requirements,
+                recipe.venv,
+                recipe.nonroot,
+                oci.config_document(recipe.config, []),
+            ]
+        ).encode()
     )
     for path, content in sorted(recipe.files.items()):
         digest.update(path.encode() + b"\0" + hashlib.sha256(content).digest())
@@ -176,14 +191,19 @@ def _recipe_key(recipe: Recipe, base: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def _top_layer(rootfs: Path, out: Path, top: str) -> None:
-    """Tar ``rootfs/<top>`` (the directory the install added) as a layer, with its parent directories."""
+def _top_layer(rootfs: Path, out: Path, tops: list[str]) -> None:
+    """Tar ``rootfs/<top>`` for each top (what the install added or changed) as one layer, parents first."""
     with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as layer:
-        parts = Path(top.strip("/")).parts
-        for depth in range(1, len(parts)):
-            parent = "/".join(parts[:depth])
-            layer.add(rootfs / parent, arcname=parent, recursive=False)
-        layer.add(rootfs / top.strip("/"), arcname=top.strip("/"))
+        added: set[str] = set()
+        for top in sorted(tops):
+            parts = Path(top.strip("/")).parts
+            for depth in range(1, len(parts)):
+                parent = "/".join(parts[:depth])
+                if parent not in added:
+                    layer.add(rootfs / parent, arcname=parent, recursive=False)
+                    added.add(parent)
+            layer.add(rootfs / top.strip("/"), arcname=top.strip("/"))
+            added.add(top.strip("/"))
 
 
 def build(recipe: Recipe, root: Path | None = None, say: Progress = _say) -> Path:
@@ -235,8 +255,8 @@ def build(recipe: Recipe, root: Path | None = None, say: Progress = _say) -> Pat
                 ],
                 "pip wheel",
             )
-            env_python = f"{VENV}/bin/python"
-            _run(["chroot", str(rootfs), "/usr/bin/python3", "-m", "venv", VENV], "python3 -m venv")
+            env_python = f"{recipe.venv}/bin/python"
+            _run(["chroot", str(rootfs), "/usr/bin/python3", "-m", "venv", recipe.venv], "python3 -m venv")
             names = sorted(p.name for p in wheels.glob("*.whl"))
             _run(
                 [
@@ -258,13 +278,20 @@ def build(recipe: Recipe, root: Path | None = None, say: Progress = _say) -> Pat
             _run(
                 ["chroot", str(rootfs), env_python, "-m", "pip", "uninstall", "-q", "-y", "pip"], "remove pip"
             )
+            if recipe.nonroot:
+                for name, line in (("passwd", NONROOT_PASSWD), ("group", NONROOT_GROUP)):
+                    account = rootfs / "etc" / name
+                    account.write_text(account.read_text() + line)
             for path, content in recipe.files.items():
                 target = rootfs / path.lstrip("/")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(content)
                 target.chmod(0o755 if content.startswith(b"#!") else 0o644)
             top = work / "top.tar"
-            _top_layer(rootfs, top, VENV)
+            tops = [recipe.venv, *(p for p in recipe.files if not p.startswith(recipe.venv + "/"))]
+            if recipe.nonroot:
+                tops += ["/etc/passwd", "/etc/group"]
+            _top_layer(rootfs, top, tops)
             oci.write_archive(out, [base, top], recipe.config, recipe.reference)
         size = out.stat().st_size >> 20
         say(f"image {recipe.reference} ready in {time.monotonic() - started:.0f}s ({size} MiB uncompressed)")

@@ -307,6 +307,10 @@ def start(
     procs = state.get("node_processes", {})
     labels = node_labels(profile, gpus)
     for node in nodes:
+        if _running(state, f"containerd-{node.name}"):
+            # A running node gets the current images (the operator image changes with the sources).
+            for archive in archives:
+                import_image(node.containerd_socket, archive)
         if all(
             process.alive(int(procs[k]["pid"]), procs[k].get("started")) for k in _keys(node) if k in procs
         ) and all(k in procs for k in _keys(node)):
@@ -382,6 +386,16 @@ def _ctr_ready(sock: Path) -> Callable[[], bool]:
 
 def _ready_check(api: client.ApiClient, name: str) -> Callable[[], bool]:
     return lambda: _node_ready(api, name)
+
+
+def containerd_sockets(layout: Layout, state: dict[str, Any]) -> list[Path]:
+    """The containerd socket of every running real node."""
+    keys = sorted(k for k in state.get("node_processes", {}) if k.startswith("containerd-"))
+    return [
+        layout.base / "nodes" / k.removeprefix("containerd-") / "containerd" / "containerd.sock"
+        for k in keys
+        if _running(state, k)
+    ]
 
 
 def _keys(node: nodeconfig.RealNode) -> list[str]:
