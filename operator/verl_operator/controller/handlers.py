@@ -30,11 +30,12 @@ _TASKS: list[asyncio.Task[None]] = []
 
 
 @kopf.index("v1", "nodes")
-def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, bool]:
+async def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, bool]:
     """Every Node event: keep its facts in the watch cache (derived once per change); wake waiting jobs.
 
     The kopf index itself holds only a flag: kopf calls the handlers below once every index (and so the cache)
-    has seen the initial listing.
+    has seen the initial listing. This and the other watch handlers are coroutines: they only touch the cache
+    and the queue, so kopf runs them in the event loop instead of handing each event to a thread.
     """
     if RUNTIME.cache.put_node(body):
         RUNTIME.capacity_changed()
@@ -42,7 +43,7 @@ def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, bool]:
 
 
 @kopf.index("v1", "pods")
-def gpu_pods(body: kopf.Body, **_: Any) -> dict[str, bool]:
+async def gpu_pods(body: kopf.Body, **_: Any) -> dict[str, bool]:
     """Every pod event: its GPU usage (and the whole pod for a VerlJob's pod) into the watch cache."""
     if RUNTIME.cache.put_pod(body):
         RUNTIME.capacity_changed()
@@ -50,7 +51,7 @@ def gpu_pods(body: kopf.Body, **_: Any) -> dict[str, bool]:
 
 
 @kopf.index(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
-def verl_jobs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], bool]:
+async def verl_jobs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], bool]:
     """Every VerlJob event: the object into the watch cache; a job that gave its GPUs back wakes waiting jobs."""
     if RUNTIME.cache.put_job(body):
         RUNTIME.capacity_changed()
@@ -58,7 +59,7 @@ def verl_jobs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tupl
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
-def job_event(type: str | None, namespace: str, name: str, **_: Any) -> None:
+async def job_event(type: str | None, namespace: str, name: str, **_: Any) -> None:
     """Any change of a VerlJob: reconcile it (a deleted one: release its pods); a deleted placed job frees GPUs."""
     RUNTIME.mark_ready()
     freed = type == "DELETED" and RUNTIME.cache.drop_job((namespace, name))
@@ -68,7 +69,7 @@ def job_event(type: str | None, namespace: str, name: str, **_: Any) -> None:
 
 
 @kopf.on.event("v1", "pods")  # type: ignore[arg-type]
-def pod_event(type: str | None, namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> None:
+async def pod_event(type: str | None, namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> None:
     """Any change of a Ray pod: reconcile its job; a deleted GPU pod frees capacity."""
     RUNTIME.mark_ready()
     if type == "DELETED" and RUNTIME.cache.drop_pod(body):
@@ -79,7 +80,7 @@ def pod_event(type: str | None, namespace: str, labels: kopf.Labels, body: kopf.
 
 
 @kopf.on.event("v1", "nodes")
-def node_event(type: str | None, name: str, **_: Any) -> None:
+async def node_event(type: str | None, name: str, **_: Any) -> None:
     """A deleted Node leaves the cache (its other changes reach the cache through the index)."""
     RUNTIME.mark_ready()
     if type == "DELETED" and RUNTIME.cache.drop_node(name):

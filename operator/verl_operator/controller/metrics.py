@@ -14,6 +14,11 @@ PLANNING_SECONDS = Histogram(
     "Time to plan one VerlJob (planner only).",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
+PLAN_AND_PLACE_SECONDS = Histogram(
+    "verl_operator_plan_and_place_seconds",
+    "Time to plan one VerlJob and choose its nodes on the cached snapshot (planner + placement; no API call).",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
 RECONCILE_ERRORS = Counter("verl_operator_reconcile_errors_total", "Reconcile passes that raised an error.")
 RECONCILES = Counter("verl_operator_reconciles_total", "Reconcile passes run.")
 ADMISSION_DENIALS = Counter(

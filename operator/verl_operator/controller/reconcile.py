@@ -108,6 +108,7 @@ class JobReconciler:
         name, uid = str(meta["name"]), str(meta["uid"])
         if t.planning_seconds is not None:
             metrics.PLANNING_SECONDS.observe(t.planning_seconds)
+            metrics.PLAN_AND_PLACE_SECONDS.observe(t.planning_seconds)
         if t.unreserve:
             self.reservations.decided.pop(uid, None)
         if t.reserve is not None:
@@ -135,10 +136,10 @@ class JobReconciler:
                 if self.kube.create(child) and delay:
                     time.sleep(delay)
             elif kind == "ConfigMap":
+                if self.kube.create(child):  # created: no read needed (the usual case)
+                    continue
                 data = self.kube.read_configmap_data(ns, cname)
-                if data is None:
-                    self.kube.create(child)
-                elif data.get(LAUNCH_KEY) != child["data"][LAUNCH_KEY]:
+                if data is not None and data.get(LAUNCH_KEY) != child["data"][LAUNCH_KEY]:
                     self.kube.patch_configmap_data(ns, cname, child["data"])
             else:
                 self.kube.create(child)

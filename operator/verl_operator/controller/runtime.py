@@ -12,6 +12,7 @@ import contextlib
 import heapq
 import logging
 import time
+from concurrent.futures import Executor, ThreadPoolExecutor
 
 from verl_operator.controller import metrics
 from verl_operator.controller.cache import JobKey, WatchCache
@@ -79,11 +80,11 @@ class Runtime:
         if self.wakeup is not None:
             self.wakeup.set()
 
-    async def _one(self, reconciler: JobReconciler, key: JobKey) -> None:
+    async def _one(self, reconciler: JobReconciler, key: JobKey, executor: Executor) -> None:
         ns, name = key
         metrics.RECONCILES.inc()
         try:
-            await asyncio.to_thread(reconciler.reconcile, ns, name)
+            await asyncio.get_running_loop().run_in_executor(executor, reconciler.reconcile, ns, name)
         except Exception:
             metrics.RECONCILE_ERRORS.inc()
             log.exception("reconcile of %s/%s failed; retrying at the next change or resync", ns, name)
@@ -113,6 +114,8 @@ class Runtime:
             self.ready.set()
         await self.ready.wait()
         loop = asyncio.get_running_loop()
+        # Threads of their own: kopf's executor (sync handlers, the webhook) never waits behind a reconcile.
+        executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
         tasks: set[asyncio.Task[None]] = set()
         next_resync = 0.0
         last_gauge = 0.0
@@ -137,7 +140,7 @@ class Runtime:
                         break
                     self.pending.discard(key)
                     self.running.add(key)
-                    task = asyncio.create_task(self._one(reconciler, key))
+                    task = asyncio.create_task(self._one(reconciler, key, executor))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 self.wakeup.clear()
@@ -154,6 +157,7 @@ class Runtime:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            executor.shutdown(wait=False, cancel_futures=True)
 
 
 RUNTIME = Runtime()
