@@ -216,18 +216,24 @@ def _wait_namespace_empty(core: client.CoreV1Api, namespace: str, timeout: float
 
 
 def _operator_metrics(text: str) -> dict[str, float]:
-    """A few of the verl-operator's own metrics (reconciles, planning time) from its /metrics text."""
+    """A few of the verl-operator's own metrics (reconciles, planning and placement time) from /metrics."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         for name in (
             "verl_operator_reconciles_total",
             "verl_operator_planning_seconds_sum",
             "verl_operator_planning_seconds_count",
-            "verl_operator_placement_seconds_sum",
-            "verl_operator_placement_seconds_count",
+            "verl_operator_plan_and_place_seconds_sum",
+            "verl_operator_plan_and_place_seconds_count",
         ):
             if line.startswith(name + " "):
                 out[name] = float(line.split()[1])
+    buckets = S.histogram_buckets(text, "verl_operator_plan_and_place_seconds")
+    out["plan_and_place_p50_ms"] = S.histogram_quantile(buckets, 0.5) * 1000
+    out["plan_and_place_p99_ms"] = S.histogram_quantile(buckets, 0.99) * 1000
+    count = out.get("verl_operator_plan_and_place_seconds_count", 0.0)
+    if count:
+        out["plan_and_place_mean_ms"] = out["verl_operator_plan_and_place_seconds_sum"] / count * 1000
     return out
 
 
@@ -332,11 +338,16 @@ def run_one(
                 result.rejection_ms = (time.monotonic() - begin) * 1000
                 result.rejection_message = json.loads(exc.body or "{}").get("message", "")[:300]
     finally:
+        proc.stop()
+        # Collections first (one request each): the namespace controller alone deletes object by object.
+        with contextlib.suppress(ApiException):
+            custom.delete_collection_namespaced_custom_object(group, version, namespace, plural)
+        with contextlib.suppress(ApiException):
+            core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
         core.delete_namespace(namespace)
         try:
-            _wait_namespace_empty(core, namespace, timeout=max(120.0, jobs * 0.5))
+            _wait_namespace_empty(core, namespace, timeout=max(180.0, jobs * 0.6))
         finally:
-            proc.stop()
             api.close()
     return result
 
@@ -393,6 +404,13 @@ def report(scenario: S.Scenario, runs: dict[str, RunResult]) -> str:
     row("operator RSS MB, steady", lambda r: r.steady_rss_mb, 0)
     row("GET+LIST of jobs and pods per job per minute, steady", lambda r: r.steady_reads_per_job_min, 2)
     row("time to reject an invalid spec ms", lambda r: r.rejection_ms, 1)
+    row(
+        "plan + place one job, p50 ms (operator histogram)",
+        lambda r: r.operator_metrics.get("plan_and_place_p50_ms"),
+        2,
+    )
+    row("plan + place one job, mean ms", lambda r: r.operator_metrics.get("plan_and_place_mean_ms"), 2)
+    row("reconcile passes (whole run)", lambda r: r.operator_metrics.get("verl_operator_reconciles_total"), 0)
     lines.append("")
     for phase in ("create", "steady"):
         keys = sorted({k for o in ops for k in getattr(runs[o], f"{phase}_requests")})
@@ -504,12 +522,21 @@ def main(argv: list[str] | None = None) -> int:
         ):
             time.sleep(5)
             base = baseline_reads(cluster, 20.0)
-            runs = {
-                op: run_one(
+            runs: dict[str, RunResult] = {}
+            for op in operators:
+                run = run_one(
                     cluster, op, scenario.jobs, base, args.steady_seconds, args.timeout, Path(work), say
                 )
-                for op in operators
-            }
+                runs[op] = run
+                say(
+                    f"{op}: admission p99 {S.percentile(run.admission_ms, 99):.1f} ms, CR->Running p50 "
+                    f"{S.percentile(run.running_s, 50):.2f} s p99 {S.percentile(run.running_s, 99):.2f} s, batch "
+                    f"{run.batch_s:.1f} s, steady CPU {run.steady_cpu_s / run.steady_seconds * 100:.2f}% RSS "
+                    f"{run.steady_rss_mb:.0f} MB"
+                )
+                if args.json:
+                    partial = {**out, "partial": {scenario.name: {k: asdict(v) for k, v in runs.items()}}}
+                    args.json.write_text(json.dumps(partial, indent=1, sort_keys=True))
         text = report(scenario, runs)
         print(text, flush=True)
         paths = plot(scenario, runs, args.plots)

@@ -230,6 +230,41 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
+_BUCKET = re.compile(r'^(?P<name>\w+)_bucket\{(?:[^}]*,)?le="(?P<le>[^"]+)"[^}]*\}\s+(?P<value>[0-9.eE+-]+)$')
+
+
+def histogram_buckets(metrics_text: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of one Prometheus histogram: upper bound (``le``) -> count."""
+    out: dict[float, float] = {}
+    for line in metrics_text.splitlines():
+        match = _BUCKET.match(line.strip())
+        if match and match.group("name") == name:
+            out[float(match.group("le"))] = float(match.group("value"))
+    return out
+
+
+def histogram_quantile(buckets: Mapping[float, float], q: float) -> float:
+    """The ``q``-quantile (0-1) of a histogram, interpolated linearly inside its bucket (as PromQL does).
+
+    Example: buckets ``{0.001: 10, 0.002: 30, inf: 30}``, q 0.5 -> the 15th of 30 observations lies in
+    (0.001, 0.002], a quarter of the way in: 0.00125.
+    """
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] == 0:
+        return math.nan
+    rank = q * buckets[bounds[-1]]
+    lower, below = 0.0, 0.0
+    for upper in bounds:
+        count = buckets[upper]
+        if count >= rank:
+            if math.isinf(upper):
+                return lower
+            inside = count - below
+            return lower + (upper - lower) * ((rank - below) / inside if inside else 0.0)
+        lower, below = upper, count
+    return lower
+
+
 def ratio(ours: float, theirs: float) -> float:
     """``ours / theirs`` (NaN when undefined)."""
     if theirs == 0 or math.isnan(theirs) or math.isnan(ours):
