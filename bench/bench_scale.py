@@ -202,17 +202,16 @@ def _keyed(counts: dict[S.RequestKey, float]) -> dict[str, float]:
     return {f"{verb} {res}": v for (verb, res), v in counts.items()}
 
 
-def _wait_namespace_empty(core: client.CoreV1Api, namespace: str, timeout: float) -> None:
+def _wait_pods_gone(core: client.CoreV1Api, namespace: str, timeout: float) -> None:
+    """Wait until the namespace has no pod left (their GPUs are free for the next run)."""
     deadline = time.monotonic() + timeout
+    left = -1
     while time.monotonic() < deadline:
-        try:
-            core.read_namespace(namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return
-            raise
+        left = len(core.list_namespaced_pod(namespace, limit=1).items)
+        if not left:
+            return
         time.sleep(1.0)
-    raise TimeoutError(f"namespace {namespace} still there after {timeout:.0f}s")
+    raise TimeoutError(f"pods of namespace {namespace} still there after {timeout:.0f}s")
 
 
 def _operator_metrics(text: str) -> dict[str, float]:
@@ -344,9 +343,11 @@ def run_one(
             custom.delete_collection_namespaced_custom_object(group, version, namespace, plural)
         with contextlib.suppress(ApiException):
             core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-        core.delete_namespace(namespace)
+        with contextlib.suppress(ApiException):
+            core.delete_collection_namespaced_event(namespace)
+        core.delete_namespace(namespace)  # the rest (ConfigMaps, Services) goes in the background
         try:
-            _wait_namespace_empty(core, namespace, timeout=max(180.0, jobs * 0.6))
+            _wait_pods_gone(core, namespace, timeout=max(300.0, jobs * 0.6))
         finally:
             api.close()
     return result
