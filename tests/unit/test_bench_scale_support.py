@@ -111,3 +111,19 @@ def test_percentile_and_ratio_of_nothing_are_nan() -> None:
     assert math.isnan(S.percentile([], 50))
     assert math.isnan(S.ratio(1.0, 0.0))
     assert S.ratio(1.0, 4.0) == 0.25
+
+
+HISTOGRAM = """verl_operator_plan_and_place_seconds_bucket{le="0.001"} 10.0
+verl_operator_plan_and_place_seconds_bucket{le="0.002"} 30.0
+verl_operator_plan_and_place_seconds_bucket{le="+Inf"} 30.0
+verl_operator_plan_and_place_seconds_count 30.0
+verl_operator_planning_seconds_bucket{le="0.001"} 99.0
+"""
+
+
+def test_histogram_quantile_interpolates_inside_the_bucket() -> None:
+    buckets = S.histogram_buckets(HISTOGRAM, "verl_operator_plan_and_place_seconds")
+    assert buckets == {0.001: 10.0, 0.002: 30.0, math.inf: 30.0}
+    assert S.histogram_quantile(buckets, 0.5) == pytest.approx(0.00125)
+    assert S.histogram_quantile(buckets, 0.2) == pytest.approx(0.0006)
+    assert math.isnan(S.histogram_quantile({}, 0.5))
