@@ -124,6 +124,9 @@ def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 def structural(schema: dict[str, Any], defs: dict[str, Any], where: str = "spec") -> dict[str, Any]:
     """Convert one pydantic JSON schema node to a structural OpenAPI v3 schema node.
 
+    A little over 60 lines: one branch per JSON-schema construct (const, object, array, scalar), kept together
+    as the one conversion table.
+
     Args:
         schema: The JSON schema node.
         defs: The ``$defs`` of the root schema.

@@ -7,6 +7,10 @@ Conventions:
 - Pass-through Kubernetes objects (tolerations, volumes, env) are plain dicts: the API server validates
   them when the operator creates the pods.
 - Every field has a description: the generated CRD carries it, so ``kubectl explain`` helps.
+
+Past 400 lines on purpose: the whole spec, one small model per section (no logic beyond a few properties),
+in the order the generated CRD lists them; a section that grows logic of its own moves to its own module
+(as the status did, :mod:`verl_operator.api.status`).
 """
 
 from __future__ import annotations

@@ -169,7 +169,10 @@ def live_nodes(kubeconfig: str) -> list[dict[str, Any]]:
 
 
 def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
-    """The ``name  value`` rows of a feasible plan in the human view."""
+    """The ``name  value`` rows of a feasible plan in the human view.
+
+    A little over 60 lines: one row (or choice of rows) per line of the printed table, kept in table order.
+    """
     b, ro, mem = plan.batching, plan.rollout, plan.memory
     rows = [
         ("verl", plan.verl_version),

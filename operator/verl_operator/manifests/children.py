@@ -227,14 +227,7 @@ def _build_pod(
     if spec.verl.image_pull_policy is not None:
         pod_spec["containers"][0]["imagePullPolicy"] = spec.verl.image_pull_policy
     if injects_launcher(spec, plan) and plan.launcher_image:
-        init = build_launcher_init_container(plan.launcher_image)
-        init["securityContext"] = container_security_context(spec)
-        pod_spec["initContainers"] = [init]
-        pod_spec["containers"][0]["volumeMounts"].append(
-            {"name": LAUNCHER_VOLUME, "mountPath": LAUNCHER_DIR, "readOnly": True}
-        )
-        # The launcher is a zipapp of a few hundred KiB.
-        pod_spec["volumes"].append({"name": LAUNCHER_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}})
+        _inject_launcher(pod_spec, spec, plan.launcher_image)
     # The planner counts nodes tainted with the GPU keys as eligible (GPU pools are commonly tainted
     # nvidia.com/gpu:NoSchedule), so every Ray pod tolerates them; the user's tolerations come after.
     pod_spec["tolerations"] = [
@@ -246,6 +239,18 @@ def _build_pod(
     if annotations:
         metadata["annotations"] = annotations
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _inject_launcher(pod_spec: dict[str, Any], spec: VerlJobSpec, launcher_image: str) -> None:
+    """An init container copies the operator image's launcher into a volume the Ray container mounts."""
+    init = build_launcher_init_container(launcher_image)
+    init["securityContext"] = container_security_context(spec)
+    pod_spec["initContainers"] = [init]
+    pod_spec["containers"][0]["volumeMounts"].append(
+        {"name": LAUNCHER_VOLUME, "mountPath": LAUNCHER_DIR, "readOnly": True}
+    )
+    # The launcher is a zipapp of a few hundred KiB.
+    pod_spec["volumes"].append({"name": LAUNCHER_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}})
 
 
 def _schedule(
