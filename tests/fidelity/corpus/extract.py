@@ -1,0 +1,279 @@
+"""Regenerate ``tests/fidelity/data/verl-example-scripts.json`` from verl's public repository.
+
+Reads every ``examples/**/*.sh`` of the given refs of a verl git directory (``git show``, no checkout), finds
+each ``python3 -m verl.trainer.main_ppo`` command, and records the argv that Python would receive (``shell.py``
+reads the bash; nothing is executed), with the script's own variable defaults and an environment of only
+``HOME`` and ``PWD``. Each command is one row; the rows that use FSDP and vLLM form the corpus, the others are
+listed with the reason they are left out.
+
+Usage (``git`` must be on PATH)::
+
+    python tests/fidelity/corpus/extract.py --git-dir /path/to/verl.git --ref v0.6.1 --ref HEAD \\
+        --out tests/fidelity/data/verl-example-scripts.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from shell import ASSIGNMENT, Command, Field, Shell, Unsupported, commands, is_unsupported_keyword
+
+MODULE = "verl.trainer.main_ppo"
+#: The environment a script sees besides its own variables (anything else is unset).
+ENVIRONMENT = {"HOME": "/home/user", "PWD": "/workspace"}
+ARR = "actor_rollout_ref"
+#: Hydra's command-line options that select the config, with the row field they fill.
+HYDRA_OPTIONS = (
+    ("--config-name", "config_name"),
+    ("-cn", "config_name"),
+    ("--config-path", "config_path"),
+    ("-cp", "config_path"),
+)
+
+
+@dataclasses.dataclass
+class Invocation:
+    """One ``main_ppo`` command after expansion."""
+
+    line: int
+    args: list[Field]
+
+
+@dataclasses.dataclass
+class _Frame:
+    taken: bool
+    active: bool
+    parent: bool
+
+
+def _git(git_dir: str, *args: str) -> str:
+    return subprocess.run(
+        ["git", f"--git-dir={git_dir}", *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def _main_ppo_args(fields: list[Field]) -> list[Field] | None:
+    """The arguments after ``python -m verl.trainer.main_ppo`` in an expanded command, or None."""
+    texts = [f.text for f in fields]
+    for k in range(len(texts) - 2):
+        if os.path.basename(texts[k]).startswith("python") and texts[k + 1 : k + 3] == ["-m", MODULE]:
+            return fields[k + 3 :]
+    return None
+
+
+class _Runner:
+    """Walks a script's commands, tracking variables and ``if`` branches."""
+
+    def __init__(self) -> None:
+        self.shell = Shell(ENVIRONMENT)
+        self.stack: list[_Frame] = []
+        self.found: list[Invocation] = []
+
+    @property
+    def active(self) -> bool:
+        return all(frame.active for frame in self.stack)
+
+    def _branch(self, words: tuple[str, ...]) -> tuple[str, ...]:
+        """Handle ``if``/``elif``/``else``/``fi``/``then``; return the words left to run (maybe none)."""
+        head = words[0]
+        if head == "then":
+            return words[1:]
+        if head == "if":
+            parent = self.active
+            value = parent and self.shell.test(words[1:])
+            self.stack.append(_Frame(taken=value, active=value, parent=parent))
+            return ()
+        if not self.stack and head in ("elif", "else", "fi"):
+            raise Unsupported(f"{head} without if")
+        if head == "elif":
+            frame = self.stack[-1]
+            value = frame.parent and not frame.taken and self.shell.test(words[1:])
+            frame.active, frame.taken = value, frame.taken or value
+            return ()
+        if head == "else":
+            frame = self.stack[-1]
+            frame.active = frame.parent and not frame.taken
+            return words[1:]
+        if head == "fi":
+            self.stack.pop()
+            return ()
+        return words
+
+    def run(self, command: Command) -> bool:
+        """Run one command; False when the script ends here (``exit``)."""
+        words = self._branch(command.words)
+        if not words or not self.active:
+            return True
+        if is_unsupported_keyword(words[0]) or words[0] in ("source", "."):
+            raise Unsupported(f"line {command.line}: {words[0]}")
+        if words[0] == "exit":
+            return False
+        if words[0] in ("export", "declare", "local", "readonly"):
+            for word in words[1:]:
+                self.shell.assign(word)
+            return True
+        if words[0] == "unset":
+            for name in words[1:]:
+                self.shell.vars.pop(name, None)
+            return True
+        rest = list(words)
+        if all(_is_assignment(w) for w in rest):
+            for word in rest:
+                self.shell.assign(word)
+            return True
+        while rest and _is_assignment(rest[0]):  # VAR=x cmd: VAR is for cmd only
+            rest.pop(0)
+        args = _main_ppo_args(self.shell.expand_all(tuple(rest)))
+        if args is not None:
+            self.found.append(Invocation(command.line, args))
+        return True
+
+
+def _is_assignment(word: str) -> bool:
+    return bool(ASSIGNMENT.match(word))
+
+
+def invocations(text: str) -> list[Invocation]:
+    """Every ``main_ppo`` command of a script, expanded.
+
+    Raises:
+        Unsupported: the script uses shell syntax the reader does not evaluate.
+    """
+    runner = _Runner()
+    for command in commands(text):
+        if not runner.run(command):
+            break
+    if runner.stack:
+        raise Unsupported("if without fi")
+    return runner.found
+
+
+def _split_args(args: list[Field]) -> dict[str, Any]:
+    """Hydra's command line: ``--config-name``/``--config-path`` options, then overrides."""
+    out: dict[str, Any] = {"config_name": None, "config_path": None, "options": [], "overrides": []}
+    out["dropped"], out["unset_in_kept"] = [], []
+    i = 0
+    while i < len(args):
+        text = args[i].text
+        for flag, key in HYDRA_OPTIONS:
+            if text == flag and i + 1 < len(args):
+                out[key] = args[i + 1].text
+                i += 1
+                break
+            if text.startswith(flag + "="):
+                out[key] = text.split("=", 1)[1]
+                break
+        else:
+            if text.startswith("-"):
+                out["options"].append(text)
+            elif "=" in text and text.split("=", 1)[1] == "" and args[i].unset:
+                out["dropped"].append({"override": text, "unset": list(args[i].unset)})
+            else:
+                out["overrides"].append(text)
+                if args[i].unset:
+                    out["unset_in_kept"].append({"override": text, "unset": list(args[i].unset)})
+        i += 1
+    return out
+
+
+def _last(overrides: list[str], key: str) -> str | None:
+    values = [o.split("=", 1)[1] for o in overrides if "=" in o and o.split("=", 1)[0].lstrip("+") == key]
+    return values[-1] if values else None
+
+
+def _exclusion(row: dict[str, Any]) -> str | None:
+    """Why a command is not an FSDP + vLLM launch of verl's own ``ppo_trainer`` config, or None."""
+    overrides = row["overrides"]
+    if "npu" in Path(row["source"]["path"]).stem.lower().split("_"):
+        return "an Ascend NPU script"
+    if row["config_path"] is not None:
+        return f"uses its own config folder (--config-path={row['config_path']})"
+    if row["config_name"] not in (None, "ppo_trainer"):
+        return f"config {row['config_name']} (not the FSDP ppo_trainer)"
+    strategy = _last(overrides, f"{ARR}.actor.strategy")
+    if strategy not in (None, "fsdp", "fsdp2"):
+        return f"actor strategy {strategy}"
+    name = _last(overrides, f"{ARR}.rollout.name")
+    if name != "vllm":
+        return f"rollout engine {name or '(unset)'}"
+    device = _last(overrides, "trainer.device")
+    if device not in (None, "cuda"):
+        return f"trainer.device={device}"
+    if _last(overrides, f"{ARR}.model.path") is None:
+        return "no actor_rollout_ref.model.path"
+    return None
+
+
+def rows_for(git_dir: str, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The corpus rows and the excluded commands/scripts of one ref."""
+    commit = _git(git_dir, "rev-parse", f"{ref}^{{commit}}").strip()
+    date = _git(git_dir, "show", "-s", "--format=%cs", commit).strip()
+    listing = _git(git_dir, "ls-tree", "-r", commit, "examples").splitlines()
+    rows: list[dict[str, Any]] = []
+    excluded: list[dict[str, Any]] = []
+    for entry in listing:
+        meta, path = entry.split("\t", 1)
+        if not path.endswith(".sh"):
+            continue
+        blob = meta.split()[2]
+        text = _git(git_dir, "cat-file", "blob", blob)
+        if MODULE not in text:
+            continue
+        source = {"repo": "volcengine/verl", "ref": ref, "commit": commit, "date": date, "path": path}
+        source["blob"] = blob
+        try:
+            found = invocations(text)
+        except Unsupported as exc:
+            excluded.append({"source": source, "reason": f"shell syntax not read: {exc}"})
+            continue
+        for index, invocation in enumerate(found):
+            row = {"id": f"{ref}:{path}#{index}", "source": {**source, "line": invocation.line}}
+            row.update(_split_args(invocation.args))
+            reason = _exclusion(row)
+            if reason is not None:
+                excluded.append({"source": row["source"], "reason": reason})
+                continue
+            overrides = row["overrides"]
+            nnodes, gpn = _last(overrides, "trainer.nnodes"), _last(overrides, "trainer.n_gpus_per_node")
+            row["nnodes"] = int(nnodes) if nnodes and nnodes.isdigit() else None
+            row["n_gpus_per_node"] = int(gpn) if gpn and gpn.isdigit() else None
+            row["model"] = _last(overrides, f"{ARR}.model.path")
+            rows.append(row)
+    return rows, excluded
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--git-dir", required=True, help="a clone (bare is fine) of volcengine/verl")
+    parser.add_argument("--ref", action="append", required=True, help="a tag or commit (repeatable)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    excluded: list[dict[str, Any]] = []
+    for ref in args.ref:
+        got, left_out = rows_for(args.git_dir, ref)
+        rows += got
+        excluded += left_out
+    document = {
+        "about": "verl example launch scripts, expanded as main_ppo receives them; see README.md here",
+        "generator": "tests/fidelity/corpus/extract.py",
+        "environment": ENVIRONMENT,
+        "refs": sorted({(r["source"]["ref"], r["source"]["commit"]) for r in rows + excluded}),
+        "rows": rows,
+        "excluded": excluded,
+    }
+    args.out.write_text(json.dumps(document, indent=1) + "\n")
+    print(f"{len(rows)} rows, {len(excluded)} excluded -> {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
