@@ -7,19 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from verl_launcher.gpus import product_label
+from verl_launcher.gpus import product_label, same_product
 from verl_launcher.probe import NodeProbe
 from verl_launcher.spec import LaunchSpec
 
 #: Allowed difference between the planned and the reported memory.total. Drivers, ECC and SKU revisions
 #: move the reported value by a few hundred MiB (an H100 80GB HBM3 reports 81559 MiB, an A100 80GB 81920).
 MEMORY_TOLERANCE_FRACTION = 0.02
-
-
-def _same_product(reported: str, expected: str) -> bool:
-    """GFD product labels may carry a sharing suffix (``-SHARED``); compare without it, ignoring case."""
-    want = expected.upper().removesuffix("-SHARED")
-    return product_label(reported).upper() == want
 
 
 def _domains_text(probe: NodeProbe) -> str:
@@ -51,7 +45,7 @@ def check_node(probe: NodeProbe, spec: LaunchSpec) -> list[str]:
             f"{who}: has {len(probe.gpus)} GPUs, the plan expects {spec.gpus_per_node} (gpusPerNode)"
         )
     if expect.gpu_product:
-        wrong = [g for g in probe.gpus if not _same_product(g.name, expect.gpu_product)]
+        wrong = [g for g in probe.gpus if not same_product(g.name, expect.gpu_product)]
         if wrong:
             names = sorted({product_label(g.name) for g in wrong})
             problems.append(

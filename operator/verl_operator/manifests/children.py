@@ -293,7 +293,8 @@ def _schedule(
     elif spec.resources.node_selector or spec.resources.gpu_product:
         selector = dict(spec.resources.node_selector)
         if spec.resources.gpu_product:
-            selector["nvidia.com/gpu.product"] = spec.resources.gpu_product
+            # The label value of the planned nodes: the spec may use another spelling (nvidia-smi's).
+            selector["nvidia.com/gpu.product"] = plan.gpu_product or spec.resources.gpu_product
         pod_spec["nodeSelector"] = selector
 
 

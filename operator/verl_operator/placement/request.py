@@ -13,7 +13,10 @@ def request_from_plan(plan: Plan, spec: VerlJobSpec) -> PlacementRequest:
         nnodes=plan.nnodes,
         gpus_per_node=plan.gpus_per_node,
         candidates=tuple(plan.candidate_nodes),
-        gpu_product=spec.resources.gpu_product,
+        # The planned pool's own label value (the spec may spell the product another way).
+        gpu_product=(plan.node_pool.gpu_product or spec.resources.gpu_product)
+        if spec.resources.gpu_product
+        else None,
         node_selector=dict(spec.resources.node_selector),
         nvlink_required=spec.placement.nvlink == "required",
         nvlink_group_size=plan.nvlink_group_size,

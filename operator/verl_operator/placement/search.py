@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from verl_launcher.gpus import same_product
 from verl_operator.placement.model import NodeCapacity, Placement, PlacementRequest
 
 GroupKey = tuple[str | None, str | None]
@@ -45,7 +46,7 @@ def screen_node(request: PlacementRequest, node: NodeCapacity, used: int) -> str
         return "not eligible in the plan (product, selector, taints or GPU count)"
     if not node.schedulable:
         return "not schedulable (cordoned or not Ready)"
-    if request.gpu_product is not None and node.gpu_product != request.gpu_product:
+    if request.gpu_product is not None and not same_product(node.gpu_product or "", request.gpu_product):
         return f"GPU product {node.gpu_product or 'unknown'}, job needs {request.gpu_product}"
     for key, value in sorted(request.node_selector.items()):
         if node.labels.get(key) != value:

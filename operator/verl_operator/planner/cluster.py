@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from verl_launcher.gpus import same_product
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner.facts import NodeFacts, Taint, cpu_millicores, normalise_product
 
@@ -92,7 +93,7 @@ def exclusion_reason(node: NodeFacts, spec: VerlJobSpec) -> str | None:
         return (
             f"time-sliced GPUs (nvidia.com/gpu.replicas={node.gpu_replicas}): capacity is not physical GPUs"
         )
-    if res.gpu_product and normalise_product(res.gpu_product) != normalise_product(node.gpu_product):
+    if res.gpu_product and not same_product(res.gpu_product, node.gpu_product):
         return f"GPU product {node.gpu_product or 'unknown'} is not {res.gpu_product}"
     for key, value in sorted(res.node_selector.items()):
         if node.labels.get(key) != value:
