@@ -82,7 +82,7 @@ def test_dynamic_batch_size_forms() -> None:
 def test_passthrough_kept_verbatim_and_owned_keys_replaced() -> None:
     user = [
         "trainer.total_epochs=15",
-        "+trainer.val_before_train=False",
+        "++trainer.val_before_train=False",
         f"{ARR}.rollout.tensor_model_parallel_size=2",
         "trainer.logger=['console','wandb']",
     ]
@@ -91,7 +91,7 @@ def test_passthrough_kept_verbatim_and_owned_keys_replaced() -> None:
     out = result.plan.overrides
     assert out[-3:] == [
         "trainer.total_epochs=15",
-        "+trainer.val_before_train=False",
+        "++trainer.val_before_train=False",
         "trainer.logger=['console','wandb']",
     ]
     assert out.count(f"{ARR}.rollout.tensor_model_parallel_size=2") == 1

@@ -57,15 +57,17 @@ def test_parse_override_rejects(raw: str) -> None:
         parse_override(raw)
 
 
-def test_duplicate_and_bad_overrides_are_violations() -> None:
-    parsed, violations = parse_overrides(["a.b=1", "a.b=2", "broken"])
-    assert [o.key for o in parsed] == ["a.b"]
-    assert sorted(v.rule for v in violations) == ["override-duplicate", "override-syntax"]
-    assert any(v.field == "spec.overrides[2]" for v in violations)
+def test_bad_overrides_are_violations_and_repeats_warnings() -> None:
+    parsed, violations, warnings = parse_overrides(["a.b=1", "c=3", "a.b=2", "broken"])
+    assert [(o.key, o.value) for o in parsed] == [("c", 3), ("a.b", 2)]  # Hydra: the last one wins
+    assert [(v.rule, v.field) for v in violations] == [("override-syntax", "spec.overrides[3]")]
+    assert warnings == [
+        "spec.overrides[0] (a.b) is set again by spec.overrides[2]; the last value wins ('1' is ignored)"
+    ]
 
 
 def test_read_owned_splits_and_detects_conflicts() -> None:
-    parsed, _ = parse_overrides(
+    parsed, _, _ = parse_overrides(
         [
             "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
             "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4",

@@ -173,6 +173,16 @@ class ModelSpec(_Model):
     )
 
 
+class CriticSpec(_Model):
+    model: ModelSpec | None = Field(
+        default=None,
+        description=(
+            "The critic's model (critic.model.path), for algorithm ppo; defaults to spec.model. Its shape "
+            "sizes the critic's memory."
+        ),
+    )
+
+
 class DataSpec(_Model):
     train_files: list[PathStr] = Field(
         default_factory=list, max_length=L.MAX_FILES, description="Training parquet files (data.train_files)."
@@ -409,6 +419,7 @@ class VerlJobSpec(_Model):
     data: DataSpec = Field(default_factory=DataSpec, description="Datasets and batch/length settings.")
     resources: ResourcesSpec = Field(description="GPUs and node selection.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="vLLM rollout settings.")
+    critic: CriticSpec = Field(default_factory=CriticSpec, description="The critic (algorithm ppo).")
     parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec, description="Training parallelism.")
     batching: BatchingSpec = Field(default_factory=BatchingSpec, description="Mini/micro batch settings.")
     offload: OffloadSpec = Field(default_factory=OffloadSpec, description="CPU offload of actor/ref state.")

@@ -33,6 +33,7 @@ INPUT_KEYS: dict[str, str] = {
     "data.train_files": "train_files",
     "data.val_files": "val_files",
     f"{ARR}.model.path": "model_path",
+    "critic.model.path": "critic_model_path",
     "algorithm.adv_estimator": "adv_estimator",
     "trainer.nnodes": "nnodes",
     "trainer.n_gpus_per_node": "n_gpus_per_node",
@@ -140,6 +141,8 @@ class Emitted:
     max_model_len: int
     max_num_batched_tokens: int
     critic: bool
+    rollout_mode: str = ""
+    critic_model_path: str | None = None
 
 
 def emit(planned: Emitted, passthrough: Sequence[Override]) -> list[str]:
@@ -166,7 +169,7 @@ def emit(planned: Emitted, passthrough: Sequence[Override]) -> list[str]:
         ("trainer.nnodes", st.nnodes),
         ("trainer.n_gpus_per_node", st.gpus_per_node),
         (f"{ARR}.rollout.name", "vllm"),
-        (f"{ARR}.rollout.mode", rollout_mode_value(v)),
+        (f"{ARR}.rollout.mode", planned.rollout_mode or rollout_mode_value(v)),
         (f"{ARR}.rollout.n", st.rollout_n),
         (f"{ARR}.rollout.tensor_model_parallel_size", st.rollout_tp),
         (f"{ARR}.rollout.gpu_memory_utilization", st.gpu_memory_utilization),
@@ -201,5 +204,7 @@ def emit(planned: Emitted, passthrough: Sequence[Override]) -> list[str]:
             out.append(("critic.ppo_micro_batch_size_per_gpu", st.critic_ppo_micro_batch_size_per_gpu))
     if planned.critic:
         out.append(("critic.use_dynamic_bsz", st.dynamic_batch_size))
+        # verl's default names ~/models/deepseek-llm-7b-chat: a critic without a path fails to build.
+        out.append(("critic.model.path", planned.critic_model_path or planned.model_path))
     rendered = [f"{k}={format_value(val)}" for k, val in out]
     return rendered + [ov.raw.strip() for ov in passthrough]

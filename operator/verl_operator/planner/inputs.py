@@ -75,6 +75,19 @@ class Problem:
     rollout_ep: int | None = None
     chunked_prefill: bool = True
     critic_sequence_parallel_size: int = 1
+    rollout_mode: str | None = None
+    critic_params: float | None = None
+    critic_model_path: str | None = None
+
+    @property
+    def mode(self) -> str:
+        """verl's ``rollout.mode``: ``sync`` (SPMD, verl 0.6 only) or ``async`` (vLLM servers)."""
+        return self.rollout_mode or ("sync" if self.version == "0.6" else "async")
+
+    @property
+    def spmd_rollout(self) -> bool:
+        """vLLM runs SPMD inside the training workers (verl 0.6 ``rollout.mode=sync``)."""
+        return self.mode == "sync"
 
     @property
     def model_len(self) -> int:
@@ -119,6 +132,10 @@ _SPEC_FIELDS: dict[str, tuple[str, Callable[[VerlJobSpec], Any]]] = {
     "train_files": ("spec.data.trainFiles", lambda s: list(s.data.train_files) or None),
     "val_files": ("spec.data.valFiles", lambda s: list(s.data.val_files) or None),
     "model_path": ("spec.model.path", lambda s: s.model.path),
+    "critic_model_path": (
+        "spec.critic.model.path",
+        lambda s: s.critic.model.path if s.critic.model is not None else None,
+    ),
     "adv_estimator": (
         "spec.algorithm",
         lambda s: (

@@ -11,7 +11,7 @@ from verl_operator.planner.budget import Budget, PlanTooLarge, limited, spend
 from verl_operator.planner.cluster import Pool, cpu_needed, layouts, select
 from verl_operator.planner.facts import NodeFacts, node_facts
 from verl_operator.planner.report import build_result
-from verl_operator.planner.resolve import resolve
+from verl_operator.planner.resolve import Resolved, resolve
 from verl_operator.planner.result import PlanResult, Violation, infeasible
 from verl_operator.planner.search import Failed, Found, search
 
@@ -71,6 +71,16 @@ def _plan(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any] | NodeFacts]) -> 
     resolved = resolve(spec)
     if isinstance(resolved, list):
         return infeasible(resolved)
+    result = _plan_resolved(spec, resolved, nodes)
+    if not resolved.warnings:
+        return result
+    return result.model_copy(update={"warnings": [*resolved.warnings, *result.warnings]})
+
+
+def _plan_resolved(
+    spec: VerlJobSpec, resolved: Resolved, nodes: Sequence[Mapping[str, Any] | NodeFacts]
+) -> PlanResult:
+    """Steps 2-3 of ``plan_job`` for a resolved spec."""
     gpn_val = resolved.gpus_per_node
 
     # The cluster.

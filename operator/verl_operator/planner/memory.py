@@ -54,6 +54,7 @@ class MemoryInputs:
     gradient_checkpointing: bool
     max_num_batched_tokens: int
     max_num_seqs: int
+    critic_params: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def resident_state(m: MemoryInputs) -> dict[str, float]:
     if m.ref_resident and not m.lora:
         parts["ref"] = m.ref_bytes_per_param * p_shard
     if m.critic and not m.critic_offload:
-        parts["critic"] = 12 * p_shard
+        parts["critic"] = 12 * (m.critic_params or m.params) / m.fsdp_shard
     return parts
 
 

@@ -162,18 +162,20 @@ def parse_override(raw: str, index: int = 0) -> Override:
     return Override(index=index, raw=raw, prefix=prefix, key=key, text=value_text.strip(), value=value)
 
 
-def parse_overrides(raws: Sequence[str]) -> tuple[list[Override], list[Violation]]:
-    """Parse ``spec.overrides``; each bad entry or duplicated key is a violation (Hydra rejects both).
+def parse_overrides(raws: Sequence[str]) -> tuple[list[Override], list[Violation], list[str]]:
+    """Parse ``spec.overrides``; a bad entry is a violation, a repeated key a warning.
+
+    Hydra applies overrides in order, so the last value of a repeated key wins (verl scripts often repeat a
+    key: a base block, then a per-run block). Only that last override is kept.
 
     Returns:
-        The parsed overrides (bad ones left out) and the violations.
+        The parsed overrides (bad ones and overridden repeats left out), the violations and the warnings.
     """
     parsed: list[Override] = []
     violations: list[Violation] = []
-    seen: dict[str, int] = {}
     for i, raw in enumerate(raws):
         try:
-            ov = parse_override(raw, i)
+            parsed.append(parse_override(raw, i))
         except OverrideError as exc:
             violations.append(
                 Violation(
@@ -183,20 +185,14 @@ def parse_overrides(raws: Sequence[str]) -> tuple[list[Override], list[Violation
                     suggestions=["write key=value, +key=value or ++key=value"],
                 )
             )
-            continue
-        if ov.key in seen:
-            violations.append(
-                Violation(
-                    field=ov.source,
-                    rule="override-duplicate",
-                    message=f"{ov.key} is set twice (spec.overrides[{seen[ov.key]}] and [{i}]); Hydra rejects that",
-                    suggestions=[f"keep one of the two {ov.key} overrides"],
-                )
-            )
-            continue
-        seen[ov.key] = i
-        parsed.append(ov)
-    return parsed, violations
+    last = {ov.key: ov.index for ov in parsed}
+    warnings = [
+        f"{ov.source} is set again by spec.overrides[{last[ov.key]}]; the last value wins "
+        f"({ov.text!r} is ignored)"
+        for ov in parsed
+        if last[ov.key] != ov.index
+    ]
+    return [ov for ov in parsed if last[ov.key] == ov.index], violations, warnings
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,8 @@ def build_result(
             max_model_len=p.model_len,
             max_num_batched_tokens=p.max_num_batched_tokens,
             critic=p.needs_critic,
+            rollout_mode=p.mode,
+            critic_model_path=p.critic_model_path,
         ),
         passthrough,
     )
@@ -122,7 +124,7 @@ def build_result(
         sequence_parallel_size=s.sequence_parallel_size,
         fsdp_size=s.fsdp_size,
         rollout=RolloutPlan(
-            mode=dialect.rollout_mode_value(p.version),
+            mode=p.mode,
             tensor_parallel_size=s.rollout_tp,
             replicas=replicas,
             prompts_per_replica=round(s.train_batch_size / replicas, 2),

@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from verl_operator.api.limits import DEFAULT_INT_BOUNDS, INPUT_BOUNDS
-from verl_operator.api.spec import VerlJobSpec
-from verl_operator.planner import catalog, dialect
+from verl_operator.api.spec import ModelShape, VerlJobSpec
+from verl_operator.planner import catalog, dialect, verl_keys
 from verl_operator.planner.inputs import Fixed, Problem, merge_pins
 from verl_operator.planner.overrides import Override, Pinned, parse_overrides, read_owned
 from verl_operator.planner.result import Violation
@@ -94,6 +95,15 @@ class _Reader:
 
 
 @dataclass(frozen=True)
+class ModelFacts:
+    """A model the job trains: its path, shape and parameter count."""
+
+    path: str
+    shape: ModelShape
+    params: float
+
+
+@dataclass(frozen=True)
 class Resolved:
     """A spec resolved into inputs: everything but the cluster.
 
@@ -106,6 +116,8 @@ class Resolved:
         gpus_per_node: Pinned GPUs per node (the field, ``trainer.n_gpus_per_node`` or derived from
             ``trainer.nnodes``), or None.
         passthrough: User overrides the planner does not own, in order.
+        critic_model_path: ``critic.model.path`` when the job has a critic (the actor's model unless named).
+        warnings: What verl accepts but the user should know (a repeated override key).
     """
 
     problem: Problem
@@ -115,6 +127,8 @@ class Resolved:
     default_n: int
     gpus_per_node: int | None
     passthrough: tuple[Override, ...] = field(default_factory=tuple)
+    critic_model_path: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
@@ -123,11 +137,8 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
     Args:
         spec: The job spec.
     """
-    violations: list[Violation] = []
-    version = spec.verl.version
-
-    parsed, vs = parse_overrides(spec.overrides)
-    violations += vs
+    parsed, violations, warnings = parse_overrides(spec.overrides)
+    violations += verl_keys.key_violations(parsed, spec.verl.version)
     owned, passthrough, vs = read_owned(parsed, dialect.INPUT_KEYS)
     violations += vs
     reads, _, vs = read_owned(passthrough, dialect.READ_KEYS)
@@ -136,56 +147,114 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
     violations += vs
     r = _Reader(pins, reads)
 
-    # The model.
-    model_path = r.get_str("model_path") or spec.model.path
-    shape = spec.model.shape
-    params: float
-    entry = catalog.lookup(model_path)
-    if shape is None and entry is None:
-        violations.append(
-            Violation(
-                field="spec.model.shape",
-                rule="model-shape-required",
-                message=f"{model_path!r} is not in the built-in catalog, so spec.model.shape is required",
-                suggestions=[
-                    "copy layers, hiddenSize, attentionHeads, kvHeads, ... from the model's config.json"
-                ],
-            )
-        )
+    model = _model_facts(r.get_str("model_path") or spec.model.path, spec.model.shape, "spec.model.shape")
+    if isinstance(model, Violation):
+        return [*violations, model]
+    mode, vs = _rollout_mode(spec, pins)
+    violations += vs + _unsupported(r)
+    adv = r.get_str("adv_estimator") or ("gae" if spec.algorithm.value == "ppo" else spec.algorithm.value)
+    critic_enable = r.get_bool("critic_enable", reads=True)
+    needs_critic = critic_enable if critic_enable is not None else adv == "gae"
+    critic = _critic_facts(spec, r, model) if needs_critic else None
+    if isinstance(critic, Violation):
+        violations.append(critic)
+        critic = None
+    fixed = _fixed(r)
+    violations += _expert_parallel(r, model.shape)
+    gpn_val, vs = _resources(spec, r)
+    violations += vs + r.violations
+    if violations:
         return violations
-    if shape is None:
-        assert entry is not None
-        shape, params = entry.shape, entry.params_total
-    else:
-        params = catalog.count_params(shape)[0]
+    problem = _problem(spec, r, model, critic, mode, needs_critic)
+    if r.violations:
+        return r.violations
+    return Resolved(
+        problem=problem,
+        fixed=fixed,
+        model_path=model.path,
+        adv_estimator=adv,
+        default_n=5 if adv in GROUP_ESTIMATORS else 1,
+        gpus_per_node=gpn_val,
+        passthrough=tuple(passthrough),
+        critic_model_path=critic.path if critic is not None else None,
+        warnings=tuple(warnings),
+    )
 
-    # Version-specific and unsupported settings.
-    mode_pin = pins.get("rollout_mode")
-    want_mode = dialect.rollout_mode_value(version)
-    if spec.rollout.mode is not None and spec.rollout.mode != ("spmd" if version == "0.6" else "server"):
+
+# -- the model ------------------------------------------------------------------------------------------------
+def _model_facts(path: str, shape: ModelShape | None, shape_field: str) -> ModelFacts | Violation:
+    """The model at ``path``: ``shape`` when given, else the built-in catalog's entry."""
+    entry = catalog.lookup(path)
+    if shape is not None:
+        return ModelFacts(path, shape, catalog.count_params(shape)[0])
+    if entry is not None:
+        return ModelFacts(path, entry.shape, entry.params_total)
+    return Violation(
+        field=shape_field,
+        rule="model-shape-required",
+        message=f"{path!r} is not in the built-in catalog, so {shape_field} is required",
+        suggestions=["copy layers, hiddenSize, attentionHeads, kvHeads, ... from the model's config.json"],
+    )
+
+
+def _critic_facts(spec: VerlJobSpec, r: _Reader, actor: ModelFacts) -> ModelFacts | Violation:
+    """The critic's model (``critic.model.path``, or ``spec.critic.model``; the actor's when neither names one)."""
+    path = r.get_str("critic_model_path") or actor.path
+    shape = spec.critic.model.shape if spec.critic.model is not None else None
+    if shape is None and path == actor.path:
+        return ModelFacts(path, actor.shape, actor.params)
+    return _model_facts(path, shape, "spec.critic.model.shape")
+
+
+# -- version-specific and unsupported settings -----------------------------------------------------------------
+#: verl's ``rollout.mode`` for each ``spec.rollout.mode``.
+SPEC_MODES = {"spmd": "sync", "server": "async"}
+
+
+def _rollout_mode(spec: VerlJobSpec, pins: Mapping[str, Pinned]) -> tuple[str, list[Violation]]:
+    """verl's ``rollout.mode``: pinned (override or ``spec.rollout.mode``), else the release line's default.
+
+    verl 0.6 has both modes (``sync``: SPMD inside the training workers; ``async``: vLLM servers driven by
+    the agent loop); verl 0.7 removed ``sync``.
+    """
+    version = spec.verl.version
+    allowed = ("sync", "async") if version == "0.6" else ("async",)
+    wanted: list[tuple[str, str]] = []
+    if spec.rollout.mode is not None:
+        wanted.append((SPEC_MODES[spec.rollout.mode], "spec.rollout.mode"))
+    pin = pins.get("rollout_mode")
+    if pin is not None:
+        wanted.append((str(pin.value), pin.source))
+    violations = [
+        Violation(
+            field=source,
+            rule="rollout-mode",
+            message=f"verl {version} has no rollout.mode={value}"
+            + (" (sync was removed in 0.7)" if version != "0.6" else ""),
+            suggestions=[f"use rollout.mode={' or '.join(allowed)}, or drop the setting"],
+        )
+        for value, source in wanted
+        if value not in allowed
+    ]
+    values = {value for value, _ in wanted}
+    if not violations and len(values) > 1:
         violations.append(
             Violation(
                 field="spec.rollout.mode",
-                rule="rollout-mode",
-                message=f"verl {version} runs vLLM in {'spmd' if version == '0.6' else 'server'} mode, not {spec.rollout.mode}",
-                suggestions=[
-                    f"use mode {'spmd' if version == '0.6' else 'server'}, or another spec.verl.version"
-                ],
+                rule="override-conflict",
+                message=f"spec.rollout.mode = {spec.rollout.mode} but {wanted[-1][1]} = {wanted[-1][0]}",
+                suggestions=["set one of them"],
             )
         )
-    if mode_pin is not None and mode_pin.value != want_mode:
-        violations.append(
-            Violation(
-                field=mode_pin.source,
-                rule="rollout-mode",
-                message=f"verl {version} needs rollout.mode={want_mode}, not {mode_pin.value}"
-                + (" (sync was removed in 0.7)" if version != "0.6" else ""),
-                suggestions=[f"drop the override (the planner writes rollout.mode={want_mode})"],
-            )
-        )
-    name_pin = pins.get("rollout_name")
+    return (wanted[-1][0] if wanted else dialect.rollout_mode_value(version)), violations
+
+
+def _unsupported(r: _Reader) -> list[Violation]:
+    """Settings the planner does not model: another engine or strategy, rollout pipeline or data parallelism."""
+    out: list[Violation] = []
+    name_pin = r.pins.get("rollout_name")
     if name_pin is not None and name_pin.value != "vllm":
-        violations.append(
+        out.append(
             Violation(
                 field=name_pin.source,
                 rule="rollout-name",
@@ -196,121 +265,135 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
     for key in ("actor_strategy", "critic_strategy"):
         strat = r.get_str(key, reads=True)
         if strat is not None and strat not in ("fsdp", "fsdp2"):
-            pin = reads[key]
-            violations.append(
+            out.append(
                 Violation(
-                    field=pin.source,
+                    field=r.reads[key].source,
                     rule="strategy",
                     message=f"strategy {strat!r} is not supported; the planner models FSDP (fsdp, fsdp2)",
                     suggestions=["use strategy fsdp or fsdp2"],
                 )
             )
-    for key, label, why in (
-        (
-            "rollout_pp",
-            "pipeline_model_parallel_size",
-            "verl's vLLM rollout does not implement pipeline parallelism",
-        ),
-        (
-            "rollout_dp",
-            "data_parallel_size",
-            "the planner does not model data parallelism inside a rollout replica",
-        ),
-    ):
+    for key, label, why in UNSUPPORTED_ROLLOUT:
         val = r.get_int(key, reads=True)
         if val is not None and val > 1:
-            violations.append(
+            out.append(
                 Violation(
-                    field=reads[key].source,
+                    field=r.reads[key].source,
                     rule="rollout-parallelism",
                     message=f"rollout {label} {val} is not supported: {why}",
                     suggestions=[f"drop the {label} override"],
                 )
             )
+    return out
+
+
+UNSUPPORTED_ROLLOUT = (
+    (
+        "rollout_pp",
+        "pipeline_model_parallel_size",
+        "verl's vLLM rollout does not implement pipeline parallelism",
+    ),
+    (
+        "rollout_dp",
+        "data_parallel_size",
+        "the planner does not model data parallelism inside a rollout replica",
+    ),
+)
+
+
+def _expert_parallel(r: _Reader, shape: ModelShape) -> list[Violation]:
     ep = r.get_int("rollout_ep", reads=True)
-
-    adv = r.get_str("adv_estimator") or ("gae" if spec.algorithm.value == "ppo" else spec.algorithm.value)
-    critic_enable = r.get_bool("critic_enable", reads=True)
-    needs_critic = critic_enable if critic_enable is not None else adv == "gae"
-
-    fixed = Fixed(
-        train_batch_size=r.get_int("train_batch_size"),
-        rollout_n=r.get_int("rollout_n"),
-        rollout_tp=r.get_int("rollout_tp"),
-        # vLLM's fraction of the GPU memory: more than 0, at most all of it.
-        gpu_memory_utilization=r.get_float("gpu_memory_utilization", 0.0, 1.0),
-        sequence_parallel_size=r.get_int("sequence_parallel_size"),
-        fsdp_size=r.get_int("fsdp_size"),
-        ppo_mini_batch_size=r.get_int("ppo_mini_batch_size"),
-        ppo_micro_batch_size_per_gpu=r.get_int("ppo_micro_batch_size_per_gpu"),
-        ppo_micro_batch_size_global=r.get_int("ppo_micro_batch_size_global"),
-        log_prob_micro_batch_size_per_gpu=r.get_int("log_prob_micro_batch_size_per_gpu"),
-        log_prob_micro_batch_size_global=r.get_int("log_prob_micro_batch_size_global"),
-        dynamic_batch_size=r.get_bool("dynamic_batch_size"),
-        max_token_len_per_gpu=r.get_int("max_token_len_per_gpu"),
-        log_prob_max_token_len_per_gpu=r.get_int("log_prob_max_token_len_per_gpu"),
-        param_offload=r.get_bool("param_offload"),
-        optimizer_offload=r.get_bool("optimizer_offload"),
-        critic_ppo_micro_batch_size_per_gpu=r.get_int("critic_ppo_micro_batch_size_per_gpu"),
-        critic_ppo_micro_batch_size_global=r.get_int("critic_ppo_micro_batch_size_global"),
-    )
-    if ep is not None and ep > 1 and shape.num_experts is None:
-        violations.append(
-            Violation(
-                field=reads["rollout_ep"].source,
-                rule="rollout-expert-parallel",
-                message=f"rollout expert_parallel_size {ep} needs a mixture-of-experts model",
-                suggestions=["drop the expert_parallel_size override"],
-            )
+    if ep is None or ep <= 1 or shape.num_experts is not None:
+        return []
+    return [
+        Violation(
+            field=r.reads["rollout_ep"].source,
+            rule="rollout-expert-parallel",
+            message=f"rollout expert_parallel_size {ep} needs a mixture-of-experts model",
+            suggestions=["drop the expert_parallel_size override"],
         )
-    max_prompt = r.get_int("max_prompt_length") or spec.data.max_prompt_length
-    max_response = r.get_int("max_response_length") or spec.data.max_response_length
+    ]
 
-    # trainer.nnodes / n_gpus_per_node must agree with the resources.
+
+# -- pinned values -----------------------------------------------------------------------------------------------
+#: Fixed fields read as integers, booleans and numbers.
+_INT_FIELDS = (
+    "train_batch_size",
+    "rollout_n",
+    "rollout_tp",
+    "sequence_parallel_size",
+    "fsdp_size",
+    "ppo_mini_batch_size",
+    "ppo_micro_batch_size_per_gpu",
+    "ppo_micro_batch_size_global",
+    "log_prob_micro_batch_size_per_gpu",
+    "log_prob_micro_batch_size_global",
+    "max_token_len_per_gpu",
+    "log_prob_max_token_len_per_gpu",
+    "critic_ppo_micro_batch_size_per_gpu",
+    "critic_ppo_micro_batch_size_global",
+)
+_BOOL_FIELDS = ("dynamic_batch_size", "param_offload", "optimizer_offload")
+
+
+def _fixed(r: _Reader) -> Fixed:
+    values: dict[str, Any] = {name: r.get_int(name) for name in _INT_FIELDS}
+    values.update({name: r.get_bool(name) for name in _BOOL_FIELDS})
+    # vLLM's fraction of the GPU memory: more than 0, at most all of it.
+    return Fixed(gpu_memory_utilization=r.get_float("gpu_memory_utilization", 0.0, 1.0), **values)
+
+
+# -- resources -----------------------------------------------------------------------------------------------------
+def _resources(spec: VerlJobSpec, r: _Reader) -> tuple[int | None, list[Violation]]:
+    """GPUs per node pinned by ``trainer.n_gpus_per_node`` or ``trainer.nnodes``, checked against the GPUs."""
     nn_pin, gpn_val = r.get_int("nnodes"), r.get_int("n_gpus_per_node")
     gpus = spec.resources.gpus
     if gpn_val is not None and gpus % gpn_val:
-        violations.append(
+        return gpn_val, [
             Violation(
-                field=pins["n_gpus_per_node"].source,
+                field=r.pins["n_gpus_per_node"].source,
                 rule="resources-agree",
                 message=f"spec.resources.gpus {gpus} is not a multiple of {gpn_val} GPUs per node",
                 suggestions=[f"use gpus {_or_near(gpus, gpn_val)}"],
             )
-        )
-    if nn_pin is not None:
-        if gpn_val is not None and nn_pin * gpn_val != gpus:
-            violations.append(
-                Violation(
-                    field=pins["nnodes"].source,
-                    rule="resources-agree",
-                    message=f"trainer.nnodes {nn_pin} x n_gpus_per_node {gpn_val} = {nn_pin * gpn_val} != spec.resources.gpus {gpus}",
-                    suggestions=[f"set spec.resources.gpus: {nn_pin * gpn_val}, or drop trainer.nnodes"],
-                )
+        ]
+    if nn_pin is None:
+        return gpn_val, []
+    if gpn_val is not None and nn_pin * gpn_val != gpus:
+        return gpn_val, [
+            Violation(
+                field=r.pins["nnodes"].source,
+                rule="resources-agree",
+                message=f"trainer.nnodes {nn_pin} x n_gpus_per_node {gpn_val} = {nn_pin * gpn_val} != spec.resources.gpus {gpus}",
+                suggestions=[f"set spec.resources.gpus: {nn_pin * gpn_val}, or drop trainer.nnodes"],
             )
-        elif gpn_val is None:
-            if gpus % nn_pin:
-                violations.append(
-                    Violation(
-                        field=pins["nnodes"].source,
-                        rule="resources-agree",
-                        message=f"spec.resources.gpus {gpus} does not split over trainer.nnodes {nn_pin}",
-                        suggestions=["drop trainer.nnodes (the planner chooses the node count)"],
-                    )
-                )
-            else:
-                gpn_val = gpus // nn_pin
-    violations += r.violations
-    if violations:
-        return violations
+        ]
+    if gpn_val is None and gpus % nn_pin:
+        return None, [
+            Violation(
+                field=r.pins["nnodes"].source,
+                rule="resources-agree",
+                message=f"spec.resources.gpus {gpus} does not split over trainer.nnodes {nn_pin}",
+                suggestions=["drop trainer.nnodes (the planner chooses the node count)"],
+            )
+        ]
+    return gpn_val if gpn_val is not None else gpus // nn_pin, []
 
-    # verl's default is 8192; 0.6 rejects less than max_model_len with chunked prefill, so raise it there.
+
+# -- the problem ---------------------------------------------------------------------------------------------------
+def _problem(
+    spec: VerlJobSpec, r: _Reader, model: ModelFacts, critic: ModelFacts | None, mode: str, needs_critic: bool
+) -> Problem:
+    """The facts the search holds fixed (memory and topology are filled in per node pool)."""
+    max_prompt = r.get_int("max_prompt_length") or spec.data.max_prompt_length
+    max_response = r.get_int("max_response_length") or spec.data.max_response_length
+    # verl's default is 8192; 0.6's SPMD rollout rejects less than max_model_len with chunked prefill.
     model_len = r.get_int("max_model_len") or (max_prompt + max_response)
-    batched = r.get_int("max_num_batched_tokens") or (max(8192, model_len) if version == "0.6" else 8192)
-    problem = Problem(
-        version=version,
-        shape=shape,
-        params=params,
+    batched = r.get_int("max_num_batched_tokens") or (max(8192, model_len) if mode == "sync" else 8192)
+    return Problem(
+        version=spec.verl.version,
+        shape=model.shape,
+        params=model.params,
         needs_critic=needs_critic,
         uses_ref=bool(r.get_bool("use_kl_loss", reads=True))
         or bool(r.get_bool("use_kl_in_reward", reads=True)),
@@ -329,22 +412,14 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         critic_max_token_len_per_gpu=r.get_int("critic_max_token_len_per_gpu", reads=True),
         gpu_memory_bytes=0,
         nvlink_domain=1,
-        pins=pins,
+        pins=r.pins,
         max_position_embeddings=r.get_int("max_position_embeddings", reads=True),
-        rollout_ep=ep,
+        rollout_ep=r.get_int("rollout_ep", reads=True),
         chunked_prefill=r.get_bool("enable_chunked_prefill", reads=True) is not False,
         critic_sequence_parallel_size=r.get_int("critic_sequence_parallel_size", reads=True) or 1,
-    )
-    if r.violations:
-        return r.violations
-    return Resolved(
-        problem=problem,
-        fixed=fixed,
-        model_path=model_path,
-        adv_estimator=adv,
-        default_n=5 if adv in GROUP_ESTIMATORS else 1,
-        gpus_per_node=gpn_val,
-        passthrough=tuple(passthrough),
+        rollout_mode=mode,
+        critic_params=critic.params if critic is not None else None,
+        critic_model_path=critic.path if critic is not None else None,
     )
 
 

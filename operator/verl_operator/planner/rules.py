@@ -201,8 +201,9 @@ def batch_divisible_by_world(p: Problem, s: Settings) -> list[Violation]:
 
 
 def mini_batch_le_train_batch(p: Problem, s: Settings) -> list[Violation]:
-    """Rule 3: ``train_batch_size >= ppo_mini_batch_size``."""
-    if s.train_batch_size >= s.ppo_mini_batch_size:
+    """Rule 3: ``train_batch_size >= ppo_mini_batch_size`` without dynamic batch size (verl skips the check with
+    it: one padded mini-batch per step, reported as a warning)."""
+    if s.dynamic_batch_size or s.train_batch_size >= s.ppo_mini_batch_size:
         return []
     return [
         Violation(
@@ -579,7 +580,7 @@ def sp_remove_padding(p: Problem, s: Settings) -> list[Violation]:
 
 def batched_tokens_cover_model_len(p: Problem, s: Settings) -> list[Violation]:
     """verl 0.6 SPMD rollout: with chunked prefill, ``max_num_batched_tokens >= max_model_len``."""
-    if p.version != "0.6" or not p.chunked_prefill or p.max_num_batched_tokens >= p.model_len:
+    if not p.spmd_rollout or not p.chunked_prefill or p.max_num_batched_tokens >= p.model_len:
         return []
     return [
         Violation(

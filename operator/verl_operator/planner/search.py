@@ -219,6 +219,7 @@ def _memory_inputs(p: Problem, s: Settings, world: int) -> MemoryInputs:
         gradient_checkpointing=p.gradient_checkpointing,
         max_num_batched_tokens=p.max_num_batched_tokens,
         max_num_seqs=p.max_num_seqs,
+        critic_params=p.critic_params,
     )
 
 
