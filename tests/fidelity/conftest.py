@@ -59,3 +59,12 @@ def accepted_plans() -> dict[str, list[tuple[Draw, Any, Any]]]:
         if result.feasible:
             out[RELEASE[spec.verl.version]].append((item, spec, result))
     return out
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Print the corpus agreement tables (``test_fidelity_corpus.py``) when they were computed."""
+    from test_fidelity_corpus import CORPUS_TABLES
+
+    for text in config.stash.get(CORPUS_TABLES, []):
+        terminalreporter.section("verl example scripts: planner vs verl")
+        terminalreporter.write_line(text)

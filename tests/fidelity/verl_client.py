@@ -53,6 +53,8 @@ class CheckRequest:
         argv: A whole ``python3 -m verl.trainer.main_ppo ...`` command instead of overrides.
         model_shape: The VerlJob ``spec.model.shape`` (camelCase); None uses a small Qwen2 shape.
         verify_compose: Also run Hydra's full ``compose`` and fail if the runner's shortcut differs.
+        fill_model_paths: Add the actor's and the critic's ``model.path`` when the overrides lack them; off,
+            a missing path keeps verl's default (which names no local folder, so a critic built from it fails).
     """
 
     id: str
@@ -60,6 +62,7 @@ class CheckRequest:
     argv: tuple[str, ...] = ()
     model_shape: dict[str, Any] | None = None
     verify_compose: bool = False
+    fill_model_paths: bool = True
 
     def to_json(self, version: str) -> dict[str, Any]:
         """The runner's request object."""
@@ -68,6 +71,7 @@ class CheckRequest:
             "version": version,
             "modelShape": self.model_shape,
             "verifyCompose": self.verify_compose,
+            "fillModelPaths": self.fill_model_paths,
         }
         if self.argv:
             body["argv"] = list(self.argv)
@@ -206,3 +210,20 @@ class VerlRunner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def config_keys(env: VerlEnv, timeout_s: float = 300) -> tuple[str, list[str]]:
+    """``(verl version, every key path of its ppo_trainer config)`` from ``verl_runner.py --keys`` in ``env``."""
+    proc = subprocess.run(
+        [str(env.python), str(RUNNER), "--keys"],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=_runner_env(),
+        check=False,
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"verl runner exited {proc.returncode}; stderr tail:\n{proc.stderr[-4000:]}")
+    data = json.loads(lines[-1])
+    return str(data["verlVersion"]), list(data["keys"])

@@ -9,7 +9,8 @@ stderr. A request is::
      "overrides": ["key=value", ...],           # verl Hydra overrides, as on main_ppo's command line
      "argv": ["python3", "-m", "verl.trainer.main_ppo", ...],  # instead of overrides: a whole command
      "modelShape": {"layers": 24, "hiddenSize": 896, ...},    # VerlJob spec.model.shape (camelCase)
-     "verifyCompose": false}                   # also run Hydra's full compose and compare (see _compose)
+     "verifyCompose": false,                   # also run Hydra's full compose and compare (see _compose)
+     "fillModelPaths": true}                   # add the actor's / critic's model.path when missing
 
 and a result is ``{"id", "ok", "stage", "error_type", "error"}``; ``stage`` names the check that failed
 (or the last one run when ``ok``).
@@ -23,9 +24,11 @@ The checks, in the order ``verl.trainer.main_ppo`` meets them:
 3. ``validate_config``: ``verl.utils.config.validate_config`` with ``need_reference_policy`` and
    ``need_critic`` as main_ppo computes them for that release (this converts and validates the actor
    and critic dataclasses).
-4. ``dataclass:<section>``: ``omega_conf_to_dataclass`` of the rollout, ref and model sections, running
+4. ``dataclass:<section>``: ``omega_conf_to_dataclass`` of the rollout and model sections, running
    their ``__post_init__`` checks; the model config loads the folder with HF ``AutoConfig`` and
-   ``AutoTokenizer``.
+   ``AutoTokenizer``. With a critic, ``dataclass:critic_model`` builds the critic's model config the same
+   way from ``critic.model`` (0.9: ``HFModelConfig``; 0.6: the ``AutoConfig`` and tokenizer loads of the
+   critic worker), so a critic without a loadable ``critic.model.path`` fails here.
 5. ``rollout_registry``: the ``(name, mode)`` lookup of ``get_rollout_class`` in verl's
    ``_ROLLOUT_REGISTRY`` (the adapter module it then imports needs vLLM, which is not installed).
 6. ``rollout_replica``: the constructor of ``RolloutReplica`` (server mode only), whose arithmetic
@@ -211,7 +214,7 @@ class Checker:
         OverridesParser.create().parse_overrides(overrides)
         return config_name, overrides
 
-    def _localise(self, overrides: list[str], model_dir: Path) -> list[str]:
+    def _localise(self, overrides: list[str], model_dir: Path, fill: bool = True) -> list[str]:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -229,7 +232,7 @@ class Checker:
             else:
                 out.append(text)
         for key in ("actor_rollout_ref.model.path", "critic.model.path"):
-            if key not in seen:
+            if fill and key not in seen:
                 out.append(f"{key}={model_dir}")
         return out
 
@@ -312,6 +315,29 @@ class Checker:
             except Exception as exc:
                 raise CheckFailed(f"dataclass:{name}", exc) from exc
         return converted["rollout"]
+
+    def _critic_model(self, config: Any, use_critic: bool) -> None:
+        """The critic's model config, built as the release's critic worker builds it (when a critic is used)."""
+        if not use_critic:
+            return
+        section = config.critic.model
+        try:
+            if _version_tuple(self.version) >= (0, 7):
+                from verl.utils.config import omega_conf_to_dataclass
+                from verl.workers.config import HFModelConfig
+
+                omega_conf_to_dataclass(section, None if "_target_" in section else HFModelConfig)
+            else:
+                # 0.6 CriticWorker._build_critic_model_optimizer: copy_to_local, hf_tokenizer, AutoConfig.
+                from transformers import AutoConfig
+                from verl.utils import hf_tokenizer
+                from verl.utils.fs import copy_to_local
+
+                local = copy_to_local(section.path)
+                hf_tokenizer(copy_to_local(section.get("tokenizer_path") or section.path))
+                AutoConfig.from_pretrained(local)
+        except Exception as exc:
+            raise CheckFailed("dataclass:critic_model", exc) from exc
 
     def _rollout(self, config: Any, rollout_config: Any) -> None:
         from verl.workers.rollout import base
@@ -406,13 +432,13 @@ class Checker:
             stage = "model"
             model_dir = self.models.folder(request.get("modelShape") or DEFAULT_SHAPE)
             stage = "compose"
-            config = self._compose(
-                config_name, self._localise(overrides, model_dir), bool(request.get("verifyCompose"))
-            )
+            localised = self._localise(overrides, model_dir, bool(request.get("fillModelPaths", True)))
+            config = self._compose(config_name, localised, bool(request.get("verifyCompose")))
             stage = "validate_config"
             use_ref, use_critic = self._validate_config(config)
             stage = "dataclass"
             rollout_config = self._dataclasses(config)
+            self._critic_model(config, use_critic)
             stage = "rollout_registry"
             self._rollout(config, rollout_config)
             stage = "monkey_patch"
@@ -437,8 +463,28 @@ def _result(request: dict[str, Any], stage: str, error: BaseException) -> dict[s
     }
 
 
+def config_keys(checker: Checker) -> list[str]:
+    """Every key path of verl's composed ``ppo_trainer`` config (nodes and leaves), interpolations unresolved."""
+    from omegaconf import OmegaConf
+
+    tree = OmegaConf.to_container(checker._compose_full("ppo_trainer", []), resolve=False)
+    keys: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                path = f"{prefix}{key}"
+                keys.append(path)
+                walk(value, path + ".")
+
+    walk(tree, "")
+    return sorted(keys)
+
+
 def main(argv: list[str]) -> int:
     """Check batches of requests: one JSON document on stdin, or (``--serve``) one batch per line.
+
+    With ``--keys``, print the key paths of verl's ``ppo_trainer`` config instead (``config_keys``).
 
     In ``--serve`` mode each input line is a ``{"requests": [...]}`` batch and each answer is one line on
     stdout, so a test session keeps one process (one import of verl) per release for all its batches.
@@ -449,6 +495,9 @@ def main(argv: list[str]) -> int:
     try:
         with contextlib.redirect_stdout(sys.stderr):  # verl prints progress; stdout carries only JSON
             checker = Checker(ModelFolders(workdir / "models"))
+            if "--keys" in argv:
+                out.write(json.dumps({"verlVersion": checker.version, "keys": config_keys(checker)}) + "\n")
+                return 0
             lines = iter(sys.stdin.readline, "")  # readline: answer each batch as soon as its line arrives
             batches = (
                 (json.loads(line) for line in lines if line.strip()) if serve else [json.load(sys.stdin)]
