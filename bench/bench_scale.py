@@ -105,7 +105,7 @@ def scrape(api: client.ApiClient) -> dict[S.RequestKey, float]:
     rsp = api.rest_client.request(
         "GET", f"{api.configuration.host}/metrics", headers={"Accept": "text/plain"}
     )
-    return S.request_counts(rsp.data.decode() if isinstance(rsp.data, bytes) else str(rsp.data))
+    return S.request_counts(rsp.read().decode())
 
 
 class PodWatch:

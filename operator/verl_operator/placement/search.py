@@ -31,18 +31,23 @@ from verl_operator.placement.model import NodeCapacity, Placement, PlacementRequ
 GroupKey = tuple[str | None, str | None]
 
 
-def screen_node(request: PlacementRequest, node: NodeCapacity, used: int) -> str | None:
+def screen_node(
+    request: PlacementRequest, node: NodeCapacity, used: int, candidates: frozenset[str] | None = None
+) -> str | None:
     """Why ``node`` cannot take one pod of the job, or None when it can.
 
     Args:
         request: The job's request.
         node: The node.
         used: GPUs already requested on the node by other pods and reserved by other jobs.
+        candidates: ``request.candidates`` as a set, when the caller screens many nodes (a tuple lookup per
+            node made screening a cluster quadratic in its size).
 
     Returns:
         A short reason (Kueue TAS snapshot style), or None.
     """
-    if request.candidates is not None and node.name not in request.candidates:
+    allowed = candidates if candidates is not None else request.candidates
+    if request.candidates is not None and allowed is not None and node.name not in allowed:
         return "not eligible in the plan (product, selector, taints or GPU count)"
     if not node.schedulable:
         return "not schedulable (cordoned or not Ready)"
@@ -99,8 +104,9 @@ def place(request: PlacementRequest, nodes: Sequence[NodeCapacity], used: Mappin
     free: dict[str, int] = {}
     excluded: list[tuple[str, str]] = []
     eligible: list[NodeCapacity] = []
+    allowed = None if request.candidates is None else frozenset(request.candidates)
     for node in sorted(nodes, key=lambda n: n.name):
-        reason = screen_node(request, node, used.get(node.name, 0))
+        reason = screen_node(request, node, used.get(node.name, 0), allowed)
         if reason is None:
             eligible.append(node)
             free[node.name] = node.gpus - used.get(node.name, 0)
