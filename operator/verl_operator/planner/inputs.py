@@ -78,6 +78,11 @@ class Problem:
     rollout_mode: str | None = None
     critic_params: float | None = None
     critic_model_path: str | None = None
+    #: Of the layout's candidate nodes: those whose NVLink domains are partial (fewer GPUs than the node), and
+    #: how many of those have exactly the layout's GPUs per node (placement gives such a node's pod the whole
+    #: node, the only way to be sure it holds whole domains).
+    partial_domain_nodes: int = 0
+    whole_node_fits: int = 0
 
     @property
     def mode(self) -> str:

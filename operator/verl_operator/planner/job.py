@@ -8,7 +8,7 @@ from typing import Any
 
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner.budget import Budget, PlanTooLarge, limited, spend
-from verl_operator.planner.cluster import Pool, cpu_needed, layouts, select
+from verl_operator.planner.cluster import Layout, Pool, cpu_needed, layouts, select
 from verl_operator.planner.facts import NodeFacts, node_facts
 from verl_operator.planner.report import build_result
 from verl_operator.planner.resolve import Resolved, resolve
@@ -107,11 +107,13 @@ def _plan_resolved(
         for layout in layouts(pool, spec, gpn_val):
             spend()
             any_layout = True
+            partial, whole = _domain_fit(pool, layout)
             problem = replace(
                 resolved.problem,
                 gpu_memory_bytes=pool.memory_mib * 1024 * 1024,
                 nvlink_domain=layout.nvlink_domain,
             )
+            problem = replace(problem, partial_domain_nodes=partial, whole_node_fits=whole)
             outcome = search(problem, layout, resolved.fixed, resolved.default_n)
             if isinstance(outcome, Found):
                 return build_result(
@@ -129,6 +131,13 @@ def _plan_resolved(
     if not any_layout:
         return infeasible([capacity_violation(spec, pools, gpn_val)])
     return infeasible(nearest.violations if nearest is not None else [])
+
+
+def _domain_fit(pool: Pool, layout: Layout) -> tuple[int, int]:
+    """``Problem.partial_domain_nodes`` and ``whole_node_fits`` of a layout (see ``rules.nvlink_groups``)."""
+    chosen = set(layout.candidates)
+    partial = [n for n in pool.nodes if n.name in chosen and n.nvlink_domain_size < n.gpus]
+    return len(partial), sum(n.gpus == layout.gpus_per_node for n in partial)
 
 
 def capacity_violation(spec: VerlJobSpec, pools: Sequence[Pool], gpus_per_node: int | None) -> Violation:

@@ -325,10 +325,11 @@ def rollout_replica_node(p: Problem, s: Settings) -> list[Violation]:
 
 
 def nvlink_groups(p: Problem, s: Settings) -> list[Violation]:
-    """With ``placement.nvlink: required``, rollout TP and SP groups sit inside one NVLink domain."""
+    """With ``placement.nvlink: required``, rollout TP and SP groups sit inside one NVLink domain; on nodes
+    whose domains are partial (bridged pairs), a pod must take the whole node (as placement requires)."""
     if not p.nvlink_required:
         return []
-    out: list[Violation] = []
+    out: list[Violation] = _partial_domains(p, s)
     dom = p.nvlink_domain
     for name, size, label in (
         ("rollout_tp", s.rollout_tp, "rollout tensorParallelSize"),
@@ -351,6 +352,27 @@ def nvlink_groups(p: Problem, s: Settings) -> list[Violation]:
             )
         )
     return out
+
+
+def _partial_domains(p: Problem, s: Settings) -> list[Violation]:
+    group = max(s.rollout_tp, s.sequence_parallel_size)
+    if group <= 1 or not p.partial_domain_nodes or p.whole_node_fits >= s.nnodes:
+        return []
+    return [
+        Violation(
+            field="spec.resources.gpus",
+            rule="nvlink-domain",
+            message=(
+                f"NVLink groups of {group} GPUs on nodes with NVLink domains of {p.nvlink_domain} GPUs only: a pod "
+                f"must take a whole node to be sure of whole domains, and {p.whole_node_fits} of the nodes have "
+                f"exactly {s.gpus_per_node} GPUs for the {s.nnodes} pods"
+            ),
+            suggestions=[
+                "use whole nodes (spec.resources.gpus a multiple of the GPUs per node)",
+                "or set spec.placement.nvlink: preferred",
+            ],
+        )
+    ]
 
 
 def max_model_len(p: Problem, s: Settings) -> list[Violation]:
