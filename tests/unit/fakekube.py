@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl_operator.controller.kube import MissingAPIError
+from verl_operator.controller.queue import Priorities, waiting_entry
 from verl_operator.controller.snapshot import Snapshot, pod_usage_entry
 from verl_operator.manifests.names import LABEL_JOB
 
@@ -38,6 +39,8 @@ class FakeKube:
     events: list[tuple[str, str, str]] = field(default_factory=list)
     writes: list[tuple[str, str]] = field(default_factory=list)
     served_kinds: frozenset[str] = frozenset({"Pod", "ConfigMap", "Service", "ServiceAccount"})
+    #: PriorityClass name -> value (the queue's order).
+    priority_classes: dict[str, int] = field(default_factory=dict)
 
     # ---- reads -------------------------------------------------------------------------------------
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -110,7 +113,7 @@ class FakeKube:
         return sorted(f"{kind}/{name}" for kind, _, name in self.objects if kind != "VerlJob")
 
     def snapshot(self, nodes: list[dict[str, Any]]) -> Snapshot:
-        """The cluster snapshot the runtime would build: the nodes, GPU pods, live jobs."""
+        """The cluster snapshot the runtime would build: the nodes, GPU pods, live jobs, the queue."""
         entries = [e for o in self.pods().values() if (e := pod_usage_entry(o)) is not None]
         jobs = [o for (kind, _, _), o in self.objects.items() if kind == "VerlJob"]
         return Snapshot(
@@ -119,4 +122,6 @@ class FakeKube:
             reservations=[],
             live_uids=frozenset(str(j["metadata"]["uid"]) for j in jobs),
             live_jobs=frozenset(f"{j['metadata']['namespace']}/{j['metadata']['name']}" for j in jobs),
+            queue=[w for j in jobs if (w := waiting_entry(j)) is not None],
+            priorities=Priorities(values=dict(self.priority_classes)),
         )

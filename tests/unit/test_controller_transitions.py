@@ -49,7 +49,14 @@ class World:
             {
                 "apiVersion": "verl-operator.io/v1alpha1",
                 "kind": "VerlJob",
-                "metadata": {"name": NAME, "namespace": NS, "uid": UID, "generation": 1, **meta},
+                "metadata": {
+                    "name": NAME,
+                    "namespace": NS,
+                    "uid": UID,
+                    "generation": 1,
+                    "creationTimestamp": format_time(T0),
+                    **meta,
+                },
                 "spec": spec,
             }
         )
@@ -133,6 +140,31 @@ def busy_node(gpus: int) -> Step:
                 "status": {"phase": "Running"},
             }
         )
+
+    return step
+
+
+def waiting_ahead(name: str, spec: dict[str, Any], age: float = 60.0) -> Step:
+    """Another job, created ``age`` seconds before the job under test, is submitted and reconciled once."""
+
+    def step(w: World) -> None:
+        meta = {"name": name, "namespace": NS, "uid": f"uid-{name}", "generation": 1}
+        w.kube.add(
+            {
+                "apiVersion": "verl-operator.io/v1alpha1",
+                "kind": "VerlJob",
+                "metadata": {**meta, "creationTimestamp": format_time(T0 - age)},
+                "spec": spec,
+            }
+        )
+        w.reconciler.reconcile(NS, name)
+
+    return step
+
+
+def priority_classes(**values: int) -> Step:
+    def step(w: World) -> None:
+        w.kube.priority_classes.update(values)
 
     return step
 
@@ -389,6 +421,44 @@ ROWS = [
             status={"attempt": 1, "placement": {"attempt": 1}},
         ),
         id="resume-places-the-next-attempt",
+    ),
+    pytest.param(
+        with_spec(resources={"gpus": 8}),
+        [busy_node(4), waiting_ahead("big", SPEC)],
+        Expect(
+            "Pending",
+            "Queued",
+            {"Valid": ("True", "Planned"), "Placed": ("False", "Queued"), "Reconciling": ("True", "Queued")},
+            events=("Queued",),
+            children=("Pod/other",),
+            status={
+                "message": f"queued behind {NS}/big: the free GPUs this job fits on are kept for jobs "
+                "ahead of it in the queue (priority, then creation time)"
+            },
+        ),
+        id="small-job-behind-a-waiting-large-one-is-queued",
+    ),
+    pytest.param(
+        with_spec(resources={"gpus": 8}),
+        [busy_node(4), waiting_ahead("big", SPEC, age=-60.0)],
+        Expect("Starting", "Placed", {"Placed": ("True", "Placed")}, events=("Placed",)),
+        id="small-job-ahead-of-a-later-large-one-is-placed",
+    ),
+    pytest.param(
+        with_spec(resources={"gpus": 8}, scheduling={"priorityClassName": "high"}),
+        [priority_classes(high=1000), busy_node(4), waiting_ahead("big", SPEC)],
+        Expect("Starting", "Placed", {"Placed": ("True", "Placed")}, events=("Placed",)),
+        id="higher-priority-job-goes-before-an-older-one",
+    ),
+    pytest.param(
+        with_spec(resources={"gpus": 8}),
+        [
+            busy_node(4),
+            waiting_ahead("big", with_spec(scheduling={"priorityClassName": "low"})),
+            priority_classes(low=-5),
+        ],
+        Expect("Starting", "Placed", {"Placed": ("True", "Placed")}, events=("Placed",)),
+        id="lower-priority-job-does-not-hold-the-queue",
     ),
 ]
 

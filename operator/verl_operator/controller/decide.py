@@ -21,6 +21,7 @@ from verl_operator.api.spec import VerlJobSpec
 from verl_operator.api.status import FINISHED_PHASES, VerlJobStatus
 from verl_operator.controller.assess import pod_phase
 from verl_operator.controller.pipeline import Planned, plan_and_place
+from verl_operator.controller.queue import ahead_of, rank
 from verl_operator.controller.running import run
 from verl_operator.controller.snapshot import Snapshot
 from verl_operator.controller.status import condition, format_time, merge_conditions, parse_time
@@ -167,9 +168,17 @@ def finished(seen: Observed) -> Transition:
 
 def place_job(seen: Observed, spec: VerlJobSpec) -> Transition:
     """Plan the job on the snapshot's nodes and place it (or hand it to Kueue/Volcano, or wait)."""
-    uid = str(seen.job["metadata"]["uid"])
+    meta = seen.job["metadata"]
+    uid = str(meta["uid"])
+    snap = seen.snapshot
+    mine = rank(
+        snap.priorities.of(spec.scheduling.priority_class_name),
+        str(meta.get("creationTimestamp") or ""),
+        f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+    )
+    ahead = ahead_of(snap.queue, mine, uid, snap.priorities)
     started = time.perf_counter()
-    outcome = plan_and_place(spec, seen.snapshot, seen.reserved, attempt=seen.status.attempt, job_uid=uid)
+    outcome = plan_and_place(spec, snap, seen.reserved, attempt=seen.status.attempt, job_uid=uid, ahead=ahead)
     elapsed = time.perf_counter() - started
     old, gen, now = seen.status, seen.generation, seen.stamp
     new, event = _placed_status(old, outcome, gen, now)
@@ -213,18 +222,19 @@ def _placed_status(old: VerlJobStatus, outcome: Planned, gen: int, now: str) -> 
     changes: dict[str, Any] = {"plan": outcome.plan, "mesh": mesh, "violations": None}
     placement = outcome.placement
     if placement is None:
-        conds.append(condition("Placed", False, "InsufficientCapacity", outcome.message, gen, now))
+        why = "Queued" if outcome.queued else "InsufficientCapacity"
+        conds.append(condition("Placed", False, why, outcome.message, gen, now))
         new = advance(
             old,
             generation=gen,
             now=now,
             phase="Pending",
-            reason="InsufficientCapacity",
+            reason=why,
             message=outcome.message,
             conditions=conds,
             changes={**changes, "placement": None, "nodes": ""},
         )
-        return new, Event("Normal", "WaitingForCapacity", outcome.message)
+        return new, Event("Normal", "Queued" if outcome.queued else "WaitingForCapacity", outcome.message)
     changes.update(placement=placement, start_time=old.start_time or now)
     if placement.handoff is not None:
         who = placement.handoff

@@ -14,6 +14,7 @@ from typing import Any
 from verl_operator.api.plan import Plan, Violation
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.api.status import Handoff, PlacementStatus, VerlJobStatus
+from verl_operator.controller.queue import Waiting, hold_for, queued_message
 from verl_operator.controller.snapshot import Snapshot, gpus_in_use
 from verl_operator.controller.status import mesh_string
 from verl_operator.manifests import LaunchPlan, build_children
@@ -32,12 +33,14 @@ class Planned:
         violations: Why there is no plan.
         placement: Where the attempt runs; None when the plan is feasible but the nodes are busy (``message``).
         message: Why the job waits for capacity (empty otherwise).
+        queued: It waits only because jobs ahead of it in the queue keep the GPUs it fits on.
     """
 
     plan: Plan | None
     violations: tuple[Violation, ...] = ()
     placement: PlacementStatus | None = None
     message: str = ""
+    queued: bool = False
 
     @property
     def mesh(self) -> str:
@@ -52,6 +55,7 @@ def plan_and_place(
     *,
     attempt: int = 0,
     job_uid: str | None = None,
+    ahead: Sequence[Waiting] = (),
 ) -> Planned:
     """Plan ``spec`` on the snapshot's nodes and choose the nodes of attempt ``attempt``.
 
@@ -61,6 +65,8 @@ def plan_and_place(
         reserved: ``(job uid, nodes, GPUs per node)`` of placed jobs; the job's own (``job_uid``) is ignored.
         attempt: The Ray cluster incarnation being placed.
         job_uid: The job's uid.
+        ahead: The jobs ahead of this one in the queue, in order (:func:`~verl_operator.controller.queue.ahead_of`):
+            the job leaves them what :func:`~verl_operator.controller.queue.hold_for` keeps.
 
     Returns:
         The :class:`Planned` outcome.
@@ -78,8 +84,15 @@ def plan_and_place(
         )
     request = request_from_plan(plan, spec)
     used = gpus_in_use(snapshot.pod_entries, reserved, exclude_job_uid=job_uid, live_jobs=snapshot.live_jobs)
-    chosen = place(request, snapshot.node_capacities(), used)
+    nodes = snapshot.node_capacities()
+    hold = hold_for(ahead, nodes, used)
+    chosen = place(request, [n for n in nodes if n.name not in hold.held], hold.used)
     if not chosen.feasible:
+        if hold.holders:
+            alone = place(request, nodes, used)
+            if alone.feasible:
+                return Planned(plan=plan, message=queued_message(hold.holders), queued=True)
+            chosen = alone
         return Planned(plan=plan, message=chosen.message)
     placement = PlacementStatus.model_validate(
         {"attempt": attempt, "gpusPerNode": request.gpus_per_node, **chosen.to_status()}

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_operator.controller.queue import NO_PRIORITIES, Priorities, Waiting
 from verl_operator.manifests.names import ANNOTATION_NODE, LABEL_JOB
 from verl_operator.placement import NodeCapacity
 from verl_operator.planner.facts import NodeFacts, node_facts
@@ -100,6 +101,8 @@ class Snapshot:
         live_uids: UIDs of existing VerlJobs.
         live_jobs: ``<namespace>/<name>`` of existing VerlJobs.
         capacities: The nodes as placement sees them, kept per Node by the cache; None: derive from ``nodes``.
+        queue: The jobs waiting to be placed (:mod:`verl_operator.controller.queue`).
+        priorities: The cluster's PriorityClasses (the queue's order).
     """
 
     nodes: Sequence[Mapping[str, Any] | NodeFacts]
@@ -108,6 +111,8 @@ class Snapshot:
     live_uids: frozenset[str] = frozenset()
     live_jobs: frozenset[str] = frozenset()
     capacities: Sequence[NodeCapacity] | None = None
+    queue: Sequence[Waiting] = ()
+    priorities: Priorities = NO_PRIORITIES
 
     def node_capacities(self) -> list[NodeCapacity]:
         """:attr:`capacities`, or each node's capacity derived now."""
