@@ -219,6 +219,7 @@ def test_namespace_mode_renders_roles_not_a_cluster_wide_grant(helm: str) -> Non
         "customresourcedefinitions",
         "namespaces",
         "nodes",
+        "priorityclasses",
     ]
     for rule in cluster_role["rules"]:
         assert rule["verbs"] == ["get", "list", "watch"]
@@ -234,6 +235,7 @@ def test_cluster_wide_mode_renders_no_role(helm: str) -> None:
     resources = {res for _, rule in rules(objects) for res in rule["resources"]}
     assert resources == {
         "nodes",
+        "priorityclasses",
         "customresourcedefinitions",
         "verljobs",
         "verljobs/status",

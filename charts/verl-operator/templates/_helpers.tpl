@@ -108,6 +108,7 @@ to follow them (without the grant it retries for a while, then assumes they exis
 {{- define "verl-operator.clusterRules" -}}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "nodes") "verbs" (list "get" "list" "watch")) }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "apiextensions.k8s.io") "resources" (list "customresourcedefinitions") "verbs" (list "get" "list" "watch")) }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "scheduling.k8s.io") "resources" (list "priorityclasses") "verbs" (list "get" "list" "watch")) }}
 {{- if .Values.watchNamespaces }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "namespaces") "verbs" (list "get" "list" "watch")) }}
 {{- end }}

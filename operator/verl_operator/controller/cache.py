@@ -7,7 +7,8 @@ kopf's watch streams feed it (the index functions in ``handlers.py`` call :meth:
 * per Node, its :class:`~verl_operator.planner.facts.NodeFacts` and :class:`NodeCapacity`, derived once per
   change of the Node (a heartbeat that changes no fact leaves both untouched and wakes nothing);
 * per pod holding GPUs, its usage entry; per VerlJob pod, the pod itself (a plain dict), by job;
-* per VerlJob, the object.
+* per VerlJob, the object, and its queue entry while it waits to be placed (derived once per change);
+* per PriorityClass, its value (the queue's order).
 
 Everything is guarded by one lock: the event loop writes, reconciles in worker threads read copies. Writes the
 operator makes itself are put back from the API server's response (:class:`CachedKube`), so a reconcile that
@@ -25,6 +26,7 @@ from typing import Any, cast
 from verl_operator.api.spec import GROUP, PLURAL, VERSION
 from verl_operator.api.status import ACTIVE_PHASES
 from verl_operator.controller.kube import Kube
+from verl_operator.controller.queue import Priorities, Rank, Waiting, rank, waiting_entry
 from verl_operator.controller.snapshot import Snapshot, node_capacity, pod_usage_entry
 from verl_operator.manifests.names import LABEL_JOB
 from verl_operator.placement import NodeCapacity
@@ -66,6 +68,9 @@ class WatchCache:
         self.gpu_entries: dict[str, tuple[str, str, int, str | None]] = {}
         self.job_pods_by_job: dict[JobKey, dict[str, dict[str, Any]]] = {}
         self.jobs: dict[JobKey, dict[str, Any]] = {}
+        self.waiting: dict[JobKey, Waiting] = {}
+        self.priority_values: dict[str, int] = {}
+        self.priority_defaults: dict[str, int] = {}
         #: Node facts recomputed (a Node changed a fact) since start: the benchmark and the tests read it.
         self.node_fact_changes = 0
 
@@ -127,22 +132,48 @@ class WatchCache:
 
         Returns:
             True when the job gave its GPUs back (it had a reservation and has none now: finished, suspended,
-            restarting).
+            restarting), or when its queue entry changed or ended (placed, suspended, invalid, another
+            priority): the jobs behind it may be placed now.
         """
         meta = job.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        entry = waiting_entry(job)
         with self.lock:
             old = self.jobs.get(key)
             if not _newer(job, old):
                 return False
             self.jobs[key] = copy.deepcopy(dict(job))
-            return old is not None and reservation(old) is not None and reservation(job) is None
+            before = self.waiting.pop(key, None)
+            if entry is not None:
+                self.waiting[key] = entry
+            freed = old is not None and reservation(old) is not None and reservation(job) is None
+            return freed or (before is not None and before != entry)
 
     def drop_job(self, key: JobKey) -> bool:
-        """Forget a deleted VerlJob; True when it held a reservation."""
+        """Forget a deleted VerlJob; True when it held a reservation or waited in the queue."""
         with self.lock:
             old = self.jobs.pop(key, None)
-            return old is not None and reservation(old) is not None
+            queued = self.waiting.pop(key, None) is not None
+            return queued or (old is not None and reservation(old) is not None)
+
+    def put_priority_class(self, obj: Mapping[str, Any]) -> bool:
+        """Store a PriorityClass's value; True when the queue's order may have changed."""
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        value = int(obj.get("value") or 0)
+        with self.lock:
+            before = (self.priority_values.get(name), self.priority_defaults.get(name))
+            self.priority_values[name] = value
+            if obj.get("globalDefault"):
+                self.priority_defaults[name] = value
+            else:
+                self.priority_defaults.pop(name, None)
+            return before != (value, self.priority_defaults.get(name))
+
+    def drop_priority_class(self, name: str) -> bool:
+        """Forget a deleted PriorityClass; True when it was known."""
+        with self.lock:
+            self.priority_defaults.pop(name, None)
+            return self.priority_values.pop(name, None) is not None
 
     # ---- reads (any thread) -------------------------------------------------------------------------------
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -177,6 +208,23 @@ class WatchCache:
                 and not (j.get("status") or {}).get("placement")
             )
 
+    def priorities(self) -> Priorities:
+        """The PriorityClasses now (the default: the highest ``globalDefault`` value, as Kubernetes picks)."""
+        with self.lock:
+            return self._priorities()
+
+    def _priorities(self) -> Priorities:
+        default = max(self.priority_defaults.values(), default=0)
+        return Priorities(values=dict(self.priority_values), default=default)
+
+    def order(self, key: JobKey) -> tuple[int, Rank]:
+        """The order in which queued reconciles run: every job not in the queue first, then the queue's rank."""
+        with self.lock:
+            entry = self.waiting.get(key)
+            if entry is None:
+                return (0, rank(0, "", f"{key[0]}/{key[1]}"))
+            return (1, entry.rank(self._priorities()))
+
     def facts_of(self, name: str) -> NodeFacts | None:
         """One node's facts (None when unknown)."""
         with self.lock:
@@ -198,6 +246,8 @@ class WatchCache:
                 live_uids=frozenset(str(j["metadata"].get("uid", "")) for j in jobs),
                 live_jobs=frozenset(f"{ns}/{name}" for ns, name in self.jobs),
                 capacities=list(self.capacities.values()),
+                queue=list(self.waiting.values()),
+                priorities=self._priorities(),
             )
 
 

@@ -58,6 +58,22 @@ async def verl_jobs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dic
     return {(namespace, name): True}
 
 
+@kopf.index("scheduling.k8s.io", "v1", "priorityclasses")
+async def priority_classes(name: str, body: kopf.Body, **_: Any) -> dict[str, bool]:
+    """Every PriorityClass event: its value into the watch cache (the queue's order); a change wakes the queue."""
+    if RUNTIME.cache.put_priority_class(body):
+        RUNTIME.capacity_changed()
+    return {name: True}
+
+
+@kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses")
+async def priority_class_event(type: str | None, name: str, **_: Any) -> None:
+    """A deleted PriorityClass leaves the cache."""
+    RUNTIME.mark_ready()
+    if type == "DELETED" and RUNTIME.cache.drop_priority_class(name):
+        RUNTIME.capacity_changed()
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
 async def job_event(type: str | None, namespace: str, name: str, **_: Any) -> None:
     """Any change of a VerlJob: reconcile it (a deleted one: release its pods); a deleted placed job frees GPUs."""

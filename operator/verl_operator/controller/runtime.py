@@ -135,7 +135,7 @@ class Runtime:
                 if self.phases_dirty and now - last_gauge >= PHASE_GAUGE_SECONDS:
                     metrics.set_job_phases(self.cache.phases())
                     self.phases_dirty, last_gauge = False, now
-                for key in sorted(self.pending - self.running):
+                for key in sorted(self.pending - self.running, key=self.cache.order):  # the queue's order
                     if len(self.running) >= workers:
                         break
                     self.pending.discard(key)
