@@ -1,0 +1,124 @@
+"""Queue order against the real control plane: nine 4-node jobs wait, a later 1-node job waits behind them.
+
+Five simulated 8-GPU nodes of their own (profile ``queue-h100``, selected by every job of the module), one
+operator process for the module.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from cluster.polling import wait_for
+from cluster.test_operator_jobs import Jobs, job
+from verl_operator.devcluster import DevCluster
+from verl_operator.devcluster.labels import PROFILE
+from verl_operator.devcluster.localrun import LocalOperator, install_crd
+from verl_operator.devcluster.profiles import parse_profile
+
+pytestmark = pytest.mark.timeout(240)
+
+NAME = "queue-h100"
+NODES = 5
+QUEUE_NODES = {
+    "name": NAME,
+    "nodeGroups": [
+        {
+            "namePrefix": "qh",
+            "count": NODES,
+            "gpu": {
+                "product": "NVIDIA-H100-80GB-HBM3",
+                "count": 8,
+                "memoryMib": 81559,
+                "family": "hopper",
+                "machine": "DGX-H100",
+                "computeMajor": 9,
+                "computeMinor": 0,
+            },
+            "cpu": "224",
+            "memory": "2Ti",
+            "region": "us-east",
+            "zone": "us-east-1b",
+            "racks": ["rack-q1"],
+        }
+    ],
+}
+ONLY_THESE = {"nodeSelector": {PROFILE: NAME}}
+
+
+@pytest.fixture(scope="module")
+def operator(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalOperator]:
+    """The module's nodes and one operator process with its own managed webhook."""
+    devcluster.apply_profile(parse_profile(QUEUE_NODES))
+    install_crd(devcluster.kubeconfig)
+    op = LocalOperator(
+        devcluster.kubeconfig,
+        tmp_path_factory.mktemp("operator"),
+        webhook_name=f"pytest-queue-{os.getpid()}.verl-operator.io",
+    )
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        print(op.log_tail(80))
+        devcluster.remove_profile(NAME)
+
+
+@pytest.fixture
+def jobs(operator: LocalOperator, kube: client.ApiClient, kubectl: Any, namespace: str) -> Iterator[Jobs]:
+    helper = Jobs(kube, kubectl, namespace)
+    yield helper
+    for item in helper.custom.list_namespaced_custom_object(
+        "verl-operator.io", "v1alpha1", namespace, "verljobs"
+    )["items"]:
+        helper.delete(item["metadata"]["name"])
+    helper.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    wait_for(lambda: not helper.core.list_namespaced_pod(namespace).items or None, "pods gone", 60)
+
+
+def placed_reason(status: dict[str, Any]) -> str | None:
+    conds = {c["type"]: c for c in status.get("conditions") or []}
+    return conds.get("Placed", {}).get("reason")
+
+
+def test_a_later_one_node_job_waits_behind_nine_queued_four_node_jobs(jobs: Jobs) -> None:
+    assert jobs.apply(job("running", 32, 8, resources=ONLY_THESE)).returncode == 0
+    jobs.wait_phase("running", "Running")
+    big = [f"big-{i}" for i in range(9)]
+    for name in big:
+        applied = jobs.apply(job(name, 32, 8, resources=ONLY_THESE))
+        assert applied.returncode == 0, applied.stderr
+        time.sleep(0.05)  # distinct creation times (whole seconds in the API server: the name breaks ties)
+    for name in big:
+        jobs.wait_phase(name, "Pending")
+    time.sleep(1.1)  # the small job is created in a later second than every big one
+    assert jobs.apply(job("small", 8, 8, resources=ONLY_THESE)).returncode == 0
+    status = wait_for(
+        lambda: (s := jobs.status("small")).get("phase") == "Pending" and placed_reason(s) == "Queued" and s,
+        "small queued",
+        30,
+    )
+    assert status["reason"] == "Queued"
+    assert f"queued behind {jobs.ns}/big-0" in status["message"]
+    assert any(e.reason == "Queued" for e in jobs.events("small"))
+    for _ in range(6):  # it fits the free node, yet it stays off it
+        assert jobs.pods("small") == [] and jobs.phase("small") == "Pending"
+        time.sleep(0.25)
+    # The running job ends: the head of the queue takes four nodes; the small job still waits behind big-1.
+    jobs.delete("running")
+    jobs.wait_phase("big-0", "Running", timeout=60)
+    assert all(jobs.phase(name) == "Pending" for name in big[1:])
+    status = wait_for(
+        lambda: (
+            (s := jobs.status("small")).get("message", "").startswith(f"queued behind {jobs.ns}/big-1") and s
+        ),
+        "small queued behind big-1",
+        30,
+    )
+    assert jobs.pods("small") == []
