@@ -11,6 +11,7 @@ was (links, iptables rules, nf_tables tables, sysctls, cgroups, mounts, host pat
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import time
@@ -85,6 +86,22 @@ def python_ray_recipe() -> imagebuild.Recipe:
     )
 
 
+def python_ray_launcher_recipe() -> imagebuild.Recipe:
+    """The test image with this project installed too (``verl-launcher`` on PATH): the probe's image."""
+    base = python_ray_recipe()
+    return dataclasses.replace(
+        base,
+        name="node-test-python-ray-launcher",
+        reference=base.reference.replace("/python-ray:", "/python-ray-launcher:"),
+        requirements=(*base.requirements, str(ROOT)),
+        sources=(
+            ROOT / "pyproject.toml",
+            ROOT / "operator" / "verl_operator",
+            ROOT / "launcher" / "verl_launcher",
+        ),
+    )
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Find or build the binaries and images before the first test, outside any test's timeout.
 
@@ -100,6 +117,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         projectimages.pause_image()
         projectimages.build_operator_image()
         imagebuild.build(python_ray_recipe())
+        imagebuild.build(python_ray_launcher_recipe())
 
 
 def _wait_for_other_real_nodes() -> None:
@@ -138,8 +156,12 @@ def realcluster() -> Iterator[DevCluster]:
     finally:
         pids = {**cluster.pids(), **hostsnapshot.node_pids(cluster)}
         cluster.down()
+        alone = realnodes.owner() is None
         after = hostsnapshot.take(cluster.layout.base)
-        left = hostsnapshot.differences(before, after) + [
+        # Another instance may take the real-node slot the moment this one released it: then only what
+        # belongs to this instance is compared.
+        alone = alone and realnodes.owner() is None
+        left = hostsnapshot.differences(before, after, shared=alone) + [
             f"pid {pid} ({name})" for name, pid in pids.items() if hostsnapshot.alive(pid)
         ]
         assert not left, "devcluster down left host changes behind:\n" + "\n".join(left)
@@ -190,6 +212,14 @@ def helm(realcluster: DevCluster) -> Run:
 def test_image(realcluster: DevCluster) -> str:
     """The test image (Python + Ray, no launcher), imported into every real node's containerd."""
     recipe = python_ray_recipe()
+    realcluster.import_image(imagebuild.build(recipe))
+    return recipe.reference
+
+
+@pytest.fixture(scope="session")
+def launcher_test_image(realcluster: DevCluster) -> str:
+    """The test image with ``verl-launcher`` installed, imported into every real node's containerd."""
+    recipe = python_ray_launcher_recipe()
     realcluster.import_image(imagebuild.build(recipe))
     return recipe.reference
 

@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_operator.devcluster import DevCluster, hostchanges, process
+from verl_operator.devcluster.nodenet import short_hash
 
 
 @dataclass(frozen=True)
 class HostSnapshot:
     links: frozenset[str]
+    veths: frozenset[str]
     iptables: frozenset[str]
     nft_tables: frozenset[str]
     sysctls: tuple[tuple[str, str], ...]
@@ -30,7 +32,14 @@ def _lines(argv: list[str]) -> list[str]:
 
 
 def take(instance_dir: Path) -> HostSnapshot:
-    """Read the host's links, rules, tables, sysctls, tier cgroups, mounts and tier host paths."""
+    """Read the host's links, rules, tables, sysctls, tier cgroups, mounts and tier host paths.
+
+    Links, cgroups and mounts are those of this instance only (another instance may start real nodes as
+    soon as this one released them); the global parts are compared by :func:`differences` only when no
+    other instance had real nodes while the snapshots were taken.
+    """
+    suffix = short_hash(instance_dir.name)
+    names = [line.split()[0].split("@")[0] for line in _lines(["ip", "-br", "link"])]
     rules = {
         f"{tool} {line}"
         for tool in ("iptables-save", "ip6tables-save")
@@ -49,7 +58,8 @@ def take(instance_dir: Path) -> HostSnapshot:
         str(p) for hierarchy in hostchanges.cgroup_controllers() for p in hierarchy.glob("verl-devcluster-*")
     }
     return HostSnapshot(
-        links=frozenset(line.split()[0] for line in _lines(["ip", "-br", "link"])),
+        links=frozenset(name for name in names if suffix in name),
+        veths=frozenset(name for name in names if name.startswith("veth")),
         iptables=frozenset(rules),
         nft_tables=frozenset(_lines(["nft", "list", "tables"])),
         sysctls=tuple(sorted(hostchanges.read_sysctls().items())),
@@ -59,13 +69,20 @@ def take(instance_dir: Path) -> HostSnapshot:
     )
 
 
-def differences(before: HostSnapshot, after: HostSnapshot) -> list[str]:
-    """One line per thing that differs."""
+#: Parts that belong to the instance, and parts shared by the machine.
+OWN = ("links", "cgroups", "mounts")
+SHARED = ("veths", "iptables", "nft_tables", "host_paths")
+
+
+def differences(before: HostSnapshot, after: HostSnapshot, shared: bool = True) -> list[str]:
+    """One line per thing that differs (the machine-wide parts and sysctls only when ``shared``)."""
     out: list[str] = []
-    for field in ("links", "iptables", "nft_tables", "cgroups", "mounts", "host_paths"):
+    for field in (*OWN, *SHARED) if shared else OWN:
         old, new = getattr(before, field), getattr(after, field)
         out += [f"{field}: added {item}" for item in sorted(new - old)]
         out += [f"{field}: removed {item}" for item in sorted(old - new)]
+    if not shared:
+        return out
     old_sysctls, new_sysctls = dict(before.sysctls), dict(after.sysctls)
     out += [
         f"sysctl {key}: {old_sysctls.get(key)} -> {value}"

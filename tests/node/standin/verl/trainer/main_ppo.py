@@ -24,7 +24,6 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def main() -> int:
-    signal.signal(signal.SIGTERM, _on_sigterm)
     overrides = sys.argv[1:]
     settings = dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith("~"))
     nnodes = int(settings.get("trainer.nnodes", "0"))
@@ -44,6 +43,8 @@ def main() -> int:
     }
     print("stand-in verl: " + json.dumps(seen, sort_keys=True), flush=True)
     ray.shutdown()
+    # After ray.init/shutdown: Ray installs a SIGTERM handler of its own in a driver.
+    signal.signal(signal.SIGTERM, _on_sigterm)
     if len(alive) != nnodes or seen["gpus"] != nnodes * gpus_per_node:
         print("stand-in verl: the Ray cluster does not match trainer.nnodes x trainer.n_gpus_per_node")
         return 3
