@@ -1,0 +1,122 @@
+"""Regenerate ``tests/fidelity/data/memory-evidence.csv``: public fit / out-of-memory evidence for verl runs.
+
+Two sources in verl's repository, read at one ref with ``git show`` (nothing is run):
+
+- ``docs/perf/device_tuning.rst`` lists, per model, the smallest resources a configuration ran on, each with
+  its script under ``examples/tuning/``: every FSDP + vLLM script there, at its own values, is a known fit;
+- some of those scripts record the binary search that found their batch size in a comment
+  (``nproc_per_gpu=58 # 32<check> → 64<cross> → 48<check> ...``): each tried value is a fit (check mark)
+  or did not fit (cross). The row's
+  overrides are the script read with that value (``shell.py``), so every batch setting derived from it moves.
+
+Usage::
+
+    python tests/fidelity/corpus/memory_evidence.py --git-dir /path/to/verl.git --ref HEAD \\
+        --out tests/fidelity/data/memory-evidence.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from extract import _git, _last, _split_args, invocations
+
+#: GPU named in a tuning script's file name -> (nvidia.com/gpu.product, memory MiB as nvidia-smi reports it).
+GPUS = {
+    "h100": ("NVIDIA-H100-80GB-HBM3", 81559),
+    "h800": ("NVIDIA-H800", 81559),
+    "h20": ("NVIDIA-H20", 97871),
+}
+#: The marks of the search comments: U+221A fits, U+00D7 did not.
+FITS, MISSED = "\u221a", "\u00d7"
+_SEARCH = re.compile(rf"^(\s*)([A-Za-z_][A-Za-z0-9_]*)=(\d+)\s*#\s*(.*[{FITS}{MISSED}].*)$", re.MULTILINE)
+_STEP = re.compile(rf"(\d+)\s*([{FITS}{MISSED}])")
+_FILE = re.compile(r"_(\d+)_([a-z0-9]+)_fsdp_vllm\.sh$")
+COLUMNS = [
+    "id", "source", "commit", "path", "evidence", "setting", "value", "verdict",
+    "gpu_product", "gpu_memory_mib", "nnodes", "gpus_per_node", "model", "overrides",
+]  # fmt: skip
+
+
+def _rows_for(
+    text: str, path: str, commit: str, evidence: str, verdict: str, setting: str, value: str
+) -> list[dict[str, str]]:
+    match = _FILE.search(path)
+    if match is None or match.group(2) not in GPUS:
+        return []
+    product, memory = GPUS[match.group(2)]
+    out = []
+    for index, found in enumerate(invocations(text)):
+        args = _split_args(found.args)
+        overrides = args["overrides"]
+        nnodes, gpn = _last(overrides, "trainer.nnodes"), _last(overrides, "trainer.n_gpus_per_node")
+        out.append(
+            {
+                "id": f"{path}#{index}@{setting or 'as-written'}={value}",
+                "source": "volcengine/verl",
+                "commit": commit,
+                "path": path,
+                "evidence": evidence,
+                "setting": setting,
+                "value": value,
+                "verdict": verdict,
+                "gpu_product": product,
+                "gpu_memory_mib": str(memory),
+                "nnodes": nnodes or "1",
+                "gpus_per_node": gpn or "8",
+                "model": _last(overrides, "actor_rollout_ref.model.path") or "",
+                "overrides": json.dumps(overrides),
+            }
+        )
+    return out
+
+
+def evidence(git_dir: str, ref: str) -> list[dict[str, str]]:
+    """Every evidence row of ``ref``."""
+    commit = _git(git_dir, "rev-parse", f"{ref}^{{commit}}").strip()
+    listing = _git(git_dir, "ls-tree", "-r", "--name-only", commit, "examples/tuning").splitlines()
+    linked = sorted(p for p in listing if p.endswith("_fsdp_vllm.sh"))  # the FSDP + vLLM ones the doc lists
+    rows: list[dict[str, str]] = []
+    for path in linked:
+        text = _git(git_dir, "show", f"{commit}:{path}")
+        searches = list(_SEARCH.finditer(text))
+        # A value the script's own search comment marks is judged by that mark (the 32B script keeps 45,
+        # which its comment marks as not fitting), so the as-written row is only for scripts without one.
+        if not any(s.group(3) in dict(_STEP.findall(s.group(4))) for s in searches):
+            rows += _rows_for(
+                text, path, commit, "docs/perf/device_tuning.rst: a configuration that ran", "fits", "", ""
+            )
+        for search in searches:
+            indent, name, _, steps = search.groups()
+            for value, mark in _STEP.findall(steps):
+                changed = text[: search.start()] + f"{indent}{name}={value}" + text[search.end() :]
+                verdict = "fits" if mark == FITS else "does not fit"
+                rows += _rows_for(
+                    changed, path, commit, f"binary-search comment: {value}{mark}", verdict, name, value
+                )
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--git-dir", required=True)
+    parser.add_argument("--ref", default="HEAD")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    rows = evidence(args.git_dir, args.ref)
+    with args.out.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"{len(rows)} rows -> {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,88 @@
+"""The planner's memory verdicts against public fit / out-of-memory evidence (``data/memory-evidence.csv``).
+
+Each row is a verl launch that is known to fit or known not to fit its GPUs (verl's
+``docs/perf/device_tuning.rst`` configurations and the binary-search comments of ``examples/tuning``; see
+``data/README.md``). The planner plans a VerlJob with the row's overrides on nodes of the row's GPU: feasible
+with every phase's estimated peak within the GPU is "fits"; infeasible on memory rules only, or feasible with
+a peak above the GPU (a warning when the batch settings are pinned), is "does not fit"; anything else is not
+judged. The run prints every
+row with the predicted peak per GPU and the hit rate; the hit rate may not fall below the one recorded in
+docs/fidelity.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from corpus_cases import MEMORY_RULES
+from plan_sample import make_node
+
+DATA = Path(__file__).parent / "data" / "memory-evidence.csv"
+DOC = Path(__file__).parents[2] / "docs" / "fidelity.md"
+#: The hit rate recorded in docs/fidelity.md (hits / judged rows); the test fails below it.
+RECORDED_HITS, RECORDED_JUDGED = 16, 34
+#: The verl line the rows are planned for: the evidence predates the server rollout (vLLM 0.8, SPMD).
+LINE = "0.6"
+
+
+def _rows() -> list[dict[str, str]]:
+    with DATA.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def _predict(row: dict[str, str]) -> tuple[str, float | None, str]:
+    """``(verdict, predicted peak GiB or None, note)`` of the planner for one row."""
+    from verl_operator.api.spec import VerlJobSpec
+    from verl_operator.planner import catalog, plan_job
+
+    if catalog.lookup(row["model"]) is None:
+        return "not judged", None, f"{row['model']} is not in the catalog"
+    nnodes, per_node = int(row["nnodes"]), int(row["gpus_per_node"])
+    nodes = [
+        make_node(f"e{i}", per_node, row["gpu_product"], int(row["gpu_memory_mib"])) for i in range(nnodes)
+    ]
+    spec = VerlJobSpec.model_validate(
+        {
+            "verl": {"image": "verl:test", "version": LINE},
+            "model": {"path": row["model"]},
+            "resources": {"gpus": nnodes * per_node},
+            "overrides": json.loads(row["overrides"]),
+        }
+    )
+    result = plan_job(spec, nodes)
+    if result.feasible and result.plan is not None:
+        # With pinned batch settings an estimate above the GPU is a warning, not a violation: the model's call
+        # is still "does not fit".
+        m = result.plan.memory
+        peak = max(m.rollout_peak_gib, m.train_peak_gib, m.log_prob_peak_gib)
+        return ("fits" if peak <= m.gpu_memory_gib else "does not fit"), peak, ""
+    rules = {v.rule for v in result.violations}
+    if rules and rules <= MEMORY_RULES:
+        return "does not fit", None, "; ".join(v.message for v in result.violations)[:160]
+    return "not judged", None, "; ".join(f"{v.rule}: {v.message}" for v in result.violations)[:160]
+
+
+def test_memory_verdicts_against_evidence(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _rows()
+    assert len(rows) >= 30
+    lines = ["| evidence | known | planner | predicted peak GiB | row |", "|---|---|---|---|---|"]
+    hits = judged = 0
+    misses: list[dict[str, Any]] = []
+    for row in rows:
+        verdict, peak, note = _predict(row)
+        if verdict != "not judged":
+            judged += 1
+            hits += verdict == row["verdict"]
+            if verdict != row["verdict"]:
+                misses.append({"row": row["id"], "known": row["verdict"], "planner": verdict, "note": note})
+        shown = f"{peak:.1f}" if peak is not None else "-"
+        lines.append(f"| {row['evidence']} | {row['verdict']} | {verdict} | {shown} | {row['id']} |")
+    with capsys.disabled():
+        print("\n" + "\n".join(lines) + f"\nhit rate: {hits} of {judged} judged rows ({len(rows)} rows)")
+    assert judged >= RECORDED_JUDGED - 2, judged
+    assert hits * RECORDED_JUDGED >= RECORDED_HITS * judged, (hits, judged, misses)
+    assert f"{RECORDED_HITS} of {RECORDED_JUDGED}" in DOC.read_text()
