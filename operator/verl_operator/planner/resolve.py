@@ -3,95 +3,21 @@ merged, types checked) and the settings the planner does not support, as violati
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_operator.api.limits import DEFAULT_INT_BOUNDS, INPUT_BOUNDS
 from verl_operator.api.spec import ModelShape, VerlJobSpec
 from verl_operator.planner import catalog, dialect, verl_keys
 from verl_operator.planner.inputs import Fixed, Problem, merge_pins
 from verl_operator.planner.overrides import Override, Pinned, parse_overrides, read_owned
+from verl_operator.planner.reader import Reader as _Reader
 from verl_operator.planner.result import Violation
 
 #: Estimators that sample a group of responses per prompt; an unpinned rollout.n is 5 for them, else 1.
 GROUP_ESTIMATORS = frozenset(
     {"grpo", "rloo", "grpo_passk", "gpg", "optimal_token_baseline", "drgrpo", "gspo"}
 )
-
-
-class _Reader:
-    """Typed access to pinned values; a value of the wrong type becomes a violation."""
-
-    def __init__(self, pins: Mapping[str, Pinned], reads: Mapping[str, Pinned]) -> None:
-        self.pins = pins
-        self.reads = reads
-        self.violations: list[Violation] = []
-
-    def _bad(self, pin: Pinned, want: str) -> None:
-        self.violations.append(
-            Violation(
-                field=pin.source,
-                rule="override-type",
-                message=f"{pin.value!r} is not {want}",
-                suggestions=[f"write {want}"],
-            )
-        )
-
-    def _out_of_range(self, pin: Pinned, shown: str, lo: str, hi: str) -> None:
-        self.violations.append(
-            Violation(
-                field=pin.source,
-                rule="out-of-range",
-                message=f"{shown} is outside the supported range {lo} to {hi}",
-                suggestions=[f"use a value from {lo} to {hi}"],
-            )
-        )
-
-    def get_int(self, name: str, reads: bool = False) -> int | None:
-        """The pinned integer ``name``, or None; a value past ``limits.INPUT_BOUNDS`` is a violation."""
-        pin = (self.reads if reads else self.pins).get(name)
-        if pin is None or pin.value is None:
-            return None
-        if isinstance(pin.value, bool) or not isinstance(pin.value, int):
-            self._bad(pin, "an integer")
-            return None
-        lo, hi = INPUT_BOUNDS.get(name, DEFAULT_INT_BOUNDS)
-        if not lo <= pin.value <= hi:
-            digits = len(str(abs(pin.value)))
-            shown = str(pin.value) if digits <= 20 else f"a {digits}-digit integer"
-            self._out_of_range(pin, shown, str(lo), str(hi))
-            return None
-        return pin.value
-
-    def get_bool(self, name: str, reads: bool = False) -> bool | None:
-        pin = (self.reads if reads else self.pins).get(name)
-        if pin is None or pin.value is None:
-            return None
-        if not isinstance(pin.value, bool):
-            self._bad(pin, "True or False")
-            return None
-        return pin.value
-
-    def get_float(self, name: str, low: float, high: float) -> float | None:
-        """The pinned number ``name`` in ``(low, high]``, or None (a value outside is a violation)."""
-        pin = self.pins.get(name)
-        if pin is None or pin.value is None:
-            return None
-        if isinstance(pin.value, bool) or not isinstance(pin.value, int | float):
-            self._bad(pin, "a number")
-            return None
-        value = pin.value
-        if not (isinstance(value, int) or math.isfinite(value)) or not low < value <= high:
-            shown = repr(value) if len(repr(value)) <= 20 else f"a {len(str(value))}-digit number"
-            self._out_of_range(pin, shown, f"{low} (exclusive)", str(high))
-            return None
-        return float(value)
-
-    def get_str(self, name: str, reads: bool = False) -> str | None:
-        pin = (self.reads if reads else self.pins).get(name)
-        return None if pin is None or pin.value is None else str(pin.value)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ Pinned values are never changed: a pinned value that breaks a rule is reported, 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -26,17 +25,26 @@ from verl_operator.planner import rules
 from verl_operator.planner.budget import spend
 from verl_operator.planner.cluster import Layout
 from verl_operator.planner.inputs import Fixed, Problem, Settings
-from verl_operator.planner.memory import GIB, Estimate, MemoryInputs, estimate, max_gpu_memory_utilization
+from verl_operator.planner.memory import GIB, Estimate, estimate, max_gpu_memory_utilization
 from verl_operator.planner.result import Violation
+from verl_operator.planner.search_candidates import (
+    default_train_batch,
+    fsdp_candidates,
+    mini_candidates,
+    sp_candidates,
+    tp_candidates,
+)
+from verl_operator.planner.search_memory import memory_inputs as _memory_inputs
+from verl_operator.planner.search_memory import memory_violations
 
 #: Records a failed candidate: a function that builds its violations (called only for the one reported) and
 #: how far the candidate got.
 Recorder = Callable[[Callable[[], list[Violation]], int], None]
 
-#: verl's default train_batch_size; an unpinned batch is the valid value nearest to it.
-DEFAULT_TRAIN_BATCH = 1024
 #: Token budgets tried with dynamic batch size (largest first), in multiples of 1024 tokens.
 TOKEN_BUDGET_STEPS = tuple(range(64 * 1024, 0, -1024))
+
+__all__ = ["Failed", "Found", "default_train_batch", "mini_candidates", "search"]
 
 
 @dataclass(frozen=True)
@@ -68,78 +76,6 @@ MESH_RULES: tuple[rules.Rule, ...] = (
     rules.sp_remove_padding,
     rules.critic_mesh,
 )
-
-
-def default_train_batch(world: int, n: int) -> int:
-    """The multiple of ``world / gcd(world, n)`` nearest to 1024 (``train_batch_size x n`` divides the world)."""
-    unit = world // math.gcd(world, n)
-    k = max(1, round(DEFAULT_TRAIN_BATCH / unit))
-    return k * unit
-
-
-def sp_candidates(p: Problem, layout: Layout, fixed: Fixed) -> list[int]:
-    """Ulysses SP sizes to try, preferred first."""
-    if fixed.sequence_parallel_size is not None:
-        return [fixed.sequence_parallel_size]
-    heads, kv = p.shape.attention_heads, p.shape.kv_heads
-    out = []
-    for d in rules.divisors(layout.gpus_per_node):
-        if heads % d or not (kv % d == 0 or d % kv == 0):
-            continue
-        if p.nvlink_required and (d > layout.nvlink_domain or layout.nvlink_domain % d):
-            continue
-        out.append(d)
-    return out or [1]
-
-
-def fsdp_candidates(layout: Layout, fixed: Fixed) -> list[int]:
-    """FSDP shard group sizes to try, preferred first."""
-    if fixed.fsdp_size is not None:
-        return [fixed.fsdp_size]
-    return [layout.gpus_per_node, -1] if layout.nnodes > 1 else [-1]
-
-
-def tp_candidates(p: Problem, layout: Layout, fixed: Fixed) -> list[int]:
-    """Rollout TP sizes to try, smallest first."""
-    if fixed.rollout_tp is not None:
-        return [fixed.rollout_tp]
-    if p.rollout_ep is not None and p.rollout_ep > 1:
-        return [p.rollout_ep]  # verl: EP == TP x DP with rollout DP 1
-    gpn, world, heads = layout.gpus_per_node, layout.world, p.shape.attention_heads
-    sizes = [d for d in rules.divisors(gpn)] + [gpn * k for k in range(2, layout.nnodes + 1)]
-    out = []
-    for tp in sizes:
-        if world % tp or heads % tp:
-            continue
-        if p.nvlink_required and (tp > layout.nvlink_domain or layout.nvlink_domain % tp):
-            continue
-        out.append(tp)
-    return out
-
-
-def mini_candidates(tb: int, n: int, dp: int, fixed: Fixed) -> list[int]:
-    """PPO mini-batch sizes to try, preferred first (closest to ``tb / 4``, dividing ``tb``)."""
-    if fixed.ppo_mini_batch_size is not None:
-        return [fixed.ppo_mini_batch_size]
-    target = max(1, tb // 4)
-
-    def key(m: int) -> tuple[int, int]:
-        return (abs(m - target), -m)
-
-    valid = [m for m in rules.divisors(tb) if (m * n) % dp == 0 and m * n >= dp]
-    if valid:
-        return [min(valid, key=key)]
-    # No divisor of the batch works: a mini-batch that leaves a partial last one (verl >= 0.7 pads it). The
-    # values with m x n % dp == 0 are the multiples of u = dp / gcd(dp, n); the closest to the target among
-    # those with m x n >= dp and m <= tb is one of the two multiples around it, clipped to that range.
-    unit = dp // math.gcd(dp, n)
-    fewest = -(-dp // n)  # m x n >= dp
-    low = unit * max(1, -(-fewest // unit))
-    high = tb // unit * unit
-    if low > high:
-        return [target]
-    below = target // unit * unit
-    return [min({min(max(m, low), high) for m in (below, below + unit)}, key=key)]
 
 
 def _global_to_per_gpu(global_size: int | None, dp: int) -> int | None:
@@ -185,174 +121,6 @@ def global_micro_violations(p: Problem, fixed: Fixed, dp: int, critic_dp: int) -
                 )
             )
     return out
-
-
-def _memory_inputs(p: Problem, s: Settings, world: int) -> MemoryInputs:
-    spend()  # every memory-model evaluation is one step of the plan's budget
-    shard = world if s.fsdp_size == -1 or s.fsdp_size >= world else s.fsdp_size
-    sp = s.sequence_parallel_size
-    if s.dynamic_batch_size:
-        t_train = s.max_token_len_per_gpu or p.seq_len
-        t_lp = s.log_prob_max_token_len_per_gpu or t_train
-    else:
-        t_train = -(-(s.ppo_micro_batch_size_per_gpu or 1) * p.seq_len // sp)
-        t_lp = -(-(s.log_prob_micro_batch_size_per_gpu or 1) * p.seq_len // sp)
-    return MemoryInputs(
-        shape=p.shape,
-        params=p.params,
-        gpu_memory_bytes=p.gpu_memory_bytes,
-        world=world,
-        fsdp_shard=shard,
-        sequence_parallel_size=sp,
-        rollout_tp=s.rollout_tp,
-        gpu_memory_utilization=s.gpu_memory_utilization,
-        seq_len=p.model_len,
-        train_tokens_per_gpu=t_train,
-        log_prob_tokens_per_gpu=t_lp,
-        param_offload=s.param_offload,
-        optimizer_offload=s.optimizer_offload,
-        ref_resident=p.uses_ref and not p.ref_param_offload,
-        ref_bytes_per_param=2 if p.version == "0.6" else 4,
-        critic=p.needs_critic,
-        critic_offload=p.critic_offload,
-        lora=p.lora,
-        gradient_checkpointing=p.gradient_checkpointing,
-        max_num_batched_tokens=p.max_num_batched_tokens,
-        max_num_seqs=p.max_num_seqs,
-        critic_params=p.critic_params,
-    )
-
-
-def gpus_needed(p: Problem, s: Settings, max_factor: int = 64) -> int | None:
-    """The smallest multiple of the current GPU count whose sharded state fits every phase, or None.
-
-    Only the state shrinks with more GPUs; the per-GPU batch settings stay as they are.
-    """
-    for k in range(2, max_factor + 1):
-        world = s.world * k
-        bigger = replace(s, world=world, fsdp_size=-1)
-        if estimate(_memory_inputs(p, bigger, world)).fits(p.gpu_memory_bytes):
-            return world
-    return None
-
-
-def memory_violations(p: Problem, s: Settings, est: Estimate) -> list[Violation]:
-    """Phases predicted not to fit, with the parts and what would make them fit."""
-    m = p.gpu_memory_bytes
-    out: list[Violation] = []
-    gib = m / GIB
-    phases = (
-        # A pinned gpuMemoryUtilization is the field to change; otherwise the resident state is too large.
-        ("rollout", est.rollout, "gpu_memory_utilization"),
-        (
-            "train",
-            est.train,
-            "ppo_micro_batch_size_per_gpu" if not s.dynamic_batch_size else "max_token_len_per_gpu",
-        ),
-        (
-            "log-prob",
-            est.log_prob,
-            "log_prob_micro_batch_size_per_gpu"
-            if not s.dynamic_batch_size
-            else "log_prob_max_token_len_per_gpu",
-        ),
-    )
-    for label, phase, name in phases:
-        if phase.peak_bytes <= m:
-            continue
-        parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(phase.parts_gib().items(), key=lambda kv: -kv[1]))
-        hints: list[str] = []
-        if label == "rollout":
-            hints += _rollout_hints(p, s)
-        elif label == "train":
-            hints.append(
-                "use a larger spec.parallelism.sequenceParallelSize or a smaller micro-batch / token budget"
-            )
-            hints.append("shorten spec.data.maxResponseLength")
-        else:
-            hints.append("use a smaller logProbMicroBatchSizePerGpu (or log-prob token budget)")
-        more = gpus_needed(p, s)
-        if more is not None:
-            hints.append(f"use at least {more} GPUs (the training state is sharded over them)")
-        out.append(
-            Violation(
-                field=p.source(name, "spec.resources.gpus"),
-                rule=f"memory-{label}",
-                message=(
-                    f"{label} peak {phase.peak_bytes / GIB:.1f} GiB (parts in GiB: {parts}; estimated parts x1.1) "
-                    f"exceeds the GPU's {gib:.1f} GiB"
-                ),
-                suggestions=hints,
-            )
-        )
-    if est.kv_cache_tokens < (p.model_len):
-        need = p.model_len
-        out.append(
-            Violation(
-                field=p.source("rollout_tp", "spec.rollout.tensorParallelSize"),
-                rule="kv-cache-max-model-len",
-                message=(
-                    f"vLLM's KV cache holds {est.kv_cache_tokens} tokens per replica at TP {s.rollout_tp} and "
-                    f"gpuMemoryUtilization {s.gpu_memory_utilization}, fewer than one {need}-token sequence"
-                ),
-                suggestions=_kv_hints(p, s),
-            )
-        )
-    return out
-
-
-def _max_gmu(p: Problem, s: Settings) -> float:
-    return max_gpu_memory_utilization(_memory_inputs(p, s, s.world))
-
-
-def _rollout_hints(p: Problem, s: Settings) -> list[str]:
-    """Changes that make the rollout peak fit, with the gpuMemoryUtilization each allows."""
-    hints: list[str] = []
-    current = _max_gmu(p, s)
-    if current > 0:
-        hints.append(f"use gpuMemoryUtilization {current} or less")
-    options = []
-    if not s.optimizer_offload:
-        options.append(("set spec.offload.optimizer: true", replace(s, optimizer_offload=True)))
-    if not s.param_offload:
-        options.append(("set spec.offload.params: true", replace(s, param_offload=True)))
-    if not s.param_offload and not s.optimizer_offload:
-        options.append(
-            (
-                "set spec.offload.params and optimizer: true",
-                replace(s, param_offload=True, optimizer_offload=True),
-            )
-        )
-    for text, changed in options:
-        gmu = _max_gmu(p, changed)
-        if gmu > current:
-            hints.append(f"{text} (then gpuMemoryUtilization up to {gmu} fits)")
-    return hints
-
-
-def _kv_hints(p: Problem, s: Settings) -> list[str]:
-    """Changes that give vLLM room for one ``max_model_len`` sequence."""
-    hints: list[str] = []
-    for k in (2, 4, 8):
-        tp = s.rollout_tp * k
-        if p.shape.attention_heads % tp == 0 and s.world % tp == 0:
-            kv = estimate(_memory_inputs(p, replace(s, rollout_tp=tp), s.world)).kv_cache_tokens
-            if kv >= p.model_len:
-                hints.append(f"use rollout tensorParallelSize {tp} ({kv} KV-cache tokens per replica)")
-                break
-    limit = _max_gmu(p, s)
-    step = 0.05
-    gmu = round(s.gpu_memory_utilization + step, 2)
-    while gmu <= limit + 1e-9:
-        kv = estimate(_memory_inputs(p, replace(s, gpu_memory_utilization=gmu), s.world)).kv_cache_tokens
-        if kv >= p.model_len:
-            hints.append(f"use gpuMemoryUtilization {gmu} ({kv} KV-cache tokens per replica)")
-            break
-        gmu = round(gmu + step, 2)
-    have = estimate(_memory_inputs(p, s, s.world)).kv_cache_tokens
-    if have > 0:
-        hints.append(f"or shorten maxPromptLength + maxResponseLength to {have} tokens or fewer")
-    return hints
 
 
 def _const(vs: list[Violation]) -> Callable[[], list[Violation]]:

@@ -1,0 +1,77 @@
+"""The critic's rules (algorithm ppo): its own Ulysses SP and data-parallel mesh, its micro-batch."""
+
+from __future__ import annotations
+
+import math
+
+from verl_operator.planner.arith import nearest_divisor, nearest_multiple
+from verl_operator.planner.arith import or_text as _or
+from verl_operator.planner.inputs import SPEC_PATHS, Problem, Settings
+from verl_operator.planner.result import Violation
+
+
+def _field(p: Problem, name: str) -> str:
+    return p.source(name, SPEC_PATHS.get(name, name))
+
+
+def critic_data_parallel_size(p: Problem, s: Settings) -> int:
+    """The critic's data-parallel size: world / the critic's own Ulysses SP (verl's default 1)."""
+    return max(1, s.world // p.critic_sequence_parallel_size)
+
+
+def critic_mesh(p: Problem, s: Settings) -> list[Violation]:
+    """Rules 10, 11 and 21 for the critic (ppo), whose Ulysses SP is its own setting."""
+    if not p.needs_critic:
+        return []
+    csp = p.critic_sequence_parallel_size
+    heads, kv = p.shape.attention_heads, p.shape.kv_heads
+    field = p.source(
+        "critic_sequence_parallel_size", "spec.overrides (critic.ulysses_sequence_parallel_size)"
+    )
+    if s.world % csp or heads % csp or not (kv % csp == 0 or csp % kv == 0):
+        return [
+            Violation(
+                field=field,
+                rule="critic-sp",
+                message=(
+                    f"critic ulysses_sequence_parallel_size {csp} must divide the {s.world} GPUs and the model's "
+                    f"{heads} attention heads, and KV heads {kv} % SP or SP % KV heads must be 0"
+                ),
+                suggestions=["use the actor's sequenceParallelSize for the critic, or 1"],
+            )
+        ]
+    dp = critic_data_parallel_size(p, s)
+    total = s.ppo_mini_batch_size * s.rollout_n
+    if total % dp == 0 and total >= dp:
+        return []
+    return [
+        Violation(
+            field=_field(p, "ppo_mini_batch_size"),
+            rule="mini-batch-per-gpu",
+            message=(
+                f"the critic's mini-batch {s.ppo_mini_batch_size} x {s.rollout_n} = {total} does not divide over its "
+                f"{dp} data-parallel ranks ({s.world} GPUs / critic SP {csp})"
+            ),
+            suggestions=[
+                f"use ppoMiniBatchSize {_or(nearest_multiple(s.ppo_mini_batch_size, dp // math.gcd(dp, s.rollout_n)))}"
+            ],
+        )
+    ]
+
+
+def critic_micro_divides_mini(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 22 for the critic (ppo): its per-GPU mini-batch uses its own data-parallel size."""
+    micro = s.critic_ppo_micro_batch_size_per_gpu
+    if not p.needs_critic or s.dynamic_batch_size or micro is None:
+        return []
+    per_gpu = s.ppo_mini_batch_size * s.rollout_n // critic_data_parallel_size(p, s)
+    if per_gpu > 0 and per_gpu % micro == 0:
+        return []
+    return [
+        Violation(
+            field=_field(p, "critic_ppo_micro_batch_size_per_gpu"),
+            rule="micro-divides-mini",
+            message=f"critic per-GPU mini-batch {per_gpu} is not a multiple of critic micro-batch {micro}",
+            suggestions=[f"use critic.ppo_micro_batch_size_per_gpu {_or(nearest_divisor(micro, per_gpu))}"],
+        )
+    ]

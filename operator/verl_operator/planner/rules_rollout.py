@@ -1,0 +1,173 @@
+"""The rollout's rules: vLLM replicas (TP vs the world, the heads and the nodes), NVLink groups, the model
+length and the SPMD rollout's token budget, expert parallelism."""
+
+from __future__ import annotations
+
+import math
+
+from verl_operator.planner.arith import divisors, nearest, nearest_divisor
+from verl_operator.planner.arith import or_text as _or
+from verl_operator.planner.inputs import SPEC_PATHS, Problem, Settings
+from verl_operator.planner.result import Violation
+
+
+def _field(p: Problem, name: str) -> str:
+    return p.source(name, SPEC_PATHS.get(name, name))
+
+
+def rollout_tp_divides_world(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 16: the world size is a multiple of the rollout TP size."""
+    if s.world % s.rollout_tp == 0:
+        return []
+    return [
+        Violation(
+            field=_field(p, "rollout_tp"),
+            rule="rollout-tp-divides-world",
+            message=f"{s.world} GPUs are not divisible by rollout tensorParallelSize {s.rollout_tp}",
+            suggestions=[f"use tensorParallelSize {_or(nearest_divisor(s.rollout_tp, s.world))}"],
+        )
+    ]
+
+
+def rollout_tp_heads(p: Problem, s: Settings) -> list[Violation]:
+    """vLLM: attention heads divisible by the rollout TP size."""
+    heads = p.shape.attention_heads
+    if heads % s.rollout_tp == 0:
+        return []
+    return [
+        Violation(
+            field=_field(p, "rollout_tp"),
+            rule="rollout-tp-heads",
+            message=f"the model's {heads} attention heads are not divisible by tensorParallelSize {s.rollout_tp}",
+            suggestions=[
+                f"use tensorParallelSize {_or(nearest_divisor(s.rollout_tp, math.gcd(heads, s.world)))}"
+            ],
+        )
+    ]
+
+
+def rollout_replica_node(p: Problem, s: Settings) -> list[Violation]:
+    """Rules 17-18: a replica larger than a node spans whole nodes; a smaller one must not straddle two."""
+    tp, gpn = s.rollout_tp, s.gpus_per_node
+    if (tp > gpn and tp % gpn == 0) or (tp <= gpn and gpn % tp == 0):
+        return []
+    kind = "a multiple of" if tp > gpn else "a divisor of"
+    return [
+        Violation(
+            field=_field(p, "rollout_tp"),
+            rule="rollout-replica-node",
+            message=(
+                f"rollout tensorParallelSize {tp} is not {kind} the {gpn} GPUs per node: a vLLM replica would "
+                f"straddle nodes"
+            ),
+            suggestions=[
+                f"use tensorParallelSize {_or(nearest(tp, lambda v: (v > gpn and v % gpn == 0) or (v <= gpn and gpn % v == 0)))}"
+            ],
+        )
+    ]
+
+
+def nvlink_groups(p: Problem, s: Settings) -> list[Violation]:
+    """With ``placement.nvlink: required``, rollout TP and SP groups sit inside one NVLink domain; on nodes
+    whose domains are partial (bridged pairs), a pod must take the whole node (as placement requires)."""
+    if not p.nvlink_required:
+        return []
+    out: list[Violation] = _partial_domains(p, s)
+    dom = p.nvlink_domain
+    for name, size, label in (
+        ("rollout_tp", s.rollout_tp, "rollout tensorParallelSize"),
+        ("sequence_parallel_size", s.sequence_parallel_size, "sequenceParallelSize"),
+    ):
+        if size <= dom and dom % size == 0:
+            continue
+        out.append(
+            Violation(
+                field=_field(p, name),
+                rule="nvlink-domain",
+                message=(
+                    f"{label} {size} does not fit the NVLink domain of {dom} GPUs (placement.nvlink: required "
+                    f"needs groups inside one domain)"
+                ),
+                suggestions=[
+                    f"use {label} {max(d for d in divisors(dom) if d <= size)}",
+                    "or set spec.placement.nvlink: preferred",
+                ],
+            )
+        )
+    return out
+
+
+def _partial_domains(p: Problem, s: Settings) -> list[Violation]:
+    group = max(s.rollout_tp, s.sequence_parallel_size)
+    if group <= 1 or not p.partial_domain_nodes or p.whole_node_fits >= s.nnodes:
+        return []
+    return [
+        Violation(
+            field="spec.resources.gpus",
+            rule="nvlink-domain",
+            message=(
+                f"NVLink groups of {group} GPUs on nodes with NVLink domains of {p.nvlink_domain} GPUs only: a pod "
+                f"must take a whole node to be sure of whole domains, and {p.whole_node_fits} of the nodes have "
+                f"exactly {s.gpus_per_node} GPUs for the {s.nnodes} pods"
+            ),
+            suggestions=[
+                "use whole nodes (spec.resources.gpus a multiple of the GPUs per node)",
+                "or set spec.placement.nvlink: preferred",
+            ],
+        )
+    ]
+
+
+def max_model_len(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 20: the rollout's max model length fits the model's ``max_position_embeddings``."""
+    length = p.max_model_len if p.max_model_len is not None else p.seq_len
+    limit = p.max_positions
+    if length <= limit:
+        return []
+    name = "max_model_len" if p.max_model_len is not None else "max_response_length"
+    return [
+        Violation(
+            field=_field(p, name),
+            rule="max-model-len",
+            message=(
+                f"prompt {p.max_prompt_length} + response {p.max_response_length} = {p.seq_len} tokens"
+                if p.max_model_len is None
+                else f"max_model_len {p.max_model_len}"
+            )
+            + f" exceeds the model's max_position_embeddings {limit}",
+            suggestions=[f"keep maxPromptLength + maxResponseLength <= {limit}"],
+        )
+    ]
+
+
+def batched_tokens_cover_model_len(p: Problem, s: Settings) -> list[Violation]:
+    """verl 0.6 SPMD rollout: with chunked prefill, ``max_num_batched_tokens >= max_model_len``."""
+    if not p.spmd_rollout or not p.chunked_prefill or p.max_num_batched_tokens >= p.model_len:
+        return []
+    return [
+        Violation(
+            field=_field(p, "max_num_batched_tokens"),
+            rule="batched-tokens-model-len",
+            message=(
+                f"rollout max_num_batched_tokens {p.max_num_batched_tokens} is below max_model_len {p.model_len} "
+                f"(prompt {p.max_prompt_length} + response {p.max_response_length}); verl 0.6 rejects that "
+                "with chunked prefill on"
+            ),
+            suggestions=[f"use max_num_batched_tokens {p.model_len} or more, or drop the override"],
+        )
+    ]
+
+
+def rollout_expert_parallel(p: Problem, s: Settings) -> list[Violation]:
+    """Rule 15: rollout expert parallelism > 1 must equal rollout TP x rollout DP (DP is 1 here)."""
+    ep = p.rollout_ep
+    if ep is None or ep <= 1 or ep == s.rollout_tp:
+        return []
+    return [
+        Violation(
+            field="spec.overrides (actor_rollout_ref.rollout.expert_parallel_size)",
+            rule="rollout-expert-parallel",
+            message=f"rollout expert_parallel_size {ep} must equal tensorParallelSize {s.rollout_tp} x rollout DP 1",
+            suggestions=[f"use tensorParallelSize {ep}", "or drop expert_parallel_size"],
+        )
+    ]

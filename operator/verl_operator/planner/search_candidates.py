@@ -1,0 +1,84 @@
+"""The search's candidate values per layout: SP, FSDP and rollout TP sizes, mini-batches, the default batch."""
+
+from __future__ import annotations
+
+import math
+
+from verl_operator.planner import rules
+from verl_operator.planner.cluster import Layout
+from verl_operator.planner.inputs import Fixed, Problem
+
+#: verl's default data.train_batch_size, the target when the batch is not pinned.
+DEFAULT_TRAIN_BATCH = 1024
+
+
+def default_train_batch(world: int, n: int) -> int:
+    """The multiple of ``world / gcd(world, n)`` nearest to 1024 (``train_batch_size x n`` divides the world)."""
+    unit = world // math.gcd(world, n)
+    k = max(1, round(DEFAULT_TRAIN_BATCH / unit))
+    return k * unit
+
+
+def sp_candidates(p: Problem, layout: Layout, fixed: Fixed) -> list[int]:
+    """Ulysses SP sizes to try, preferred first."""
+    if fixed.sequence_parallel_size is not None:
+        return [fixed.sequence_parallel_size]
+    heads, kv = p.shape.attention_heads, p.shape.kv_heads
+    out = []
+    for d in rules.divisors(layout.gpus_per_node):
+        if heads % d or not (kv % d == 0 or d % kv == 0):
+            continue
+        if p.nvlink_required and (d > layout.nvlink_domain or layout.nvlink_domain % d):
+            continue
+        out.append(d)
+    return out or [1]
+
+
+def fsdp_candidates(layout: Layout, fixed: Fixed) -> list[int]:
+    """FSDP shard group sizes to try, preferred first."""
+    if fixed.fsdp_size is not None:
+        return [fixed.fsdp_size]
+    return [layout.gpus_per_node, -1] if layout.nnodes > 1 else [-1]
+
+
+def tp_candidates(p: Problem, layout: Layout, fixed: Fixed) -> list[int]:
+    """Rollout TP sizes to try, smallest first."""
+    if fixed.rollout_tp is not None:
+        return [fixed.rollout_tp]
+    if p.rollout_ep is not None and p.rollout_ep > 1:
+        return [p.rollout_ep]  # verl: EP == TP x DP with rollout DP 1
+    gpn, world, heads = layout.gpus_per_node, layout.world, p.shape.attention_heads
+    sizes = [d for d in rules.divisors(gpn)] + [gpn * k for k in range(2, layout.nnodes + 1)]
+    out = []
+    for tp in sizes:
+        if world % tp or heads % tp:
+            continue
+        if p.nvlink_required and (tp > layout.nvlink_domain or layout.nvlink_domain % tp):
+            continue
+        out.append(tp)
+    return out
+
+
+def mini_candidates(tb: int, n: int, dp: int, fixed: Fixed) -> list[int]:
+    """PPO mini-batch sizes to try, preferred first (closest to ``tb / 4``, dividing ``tb``)."""
+    if fixed.ppo_mini_batch_size is not None:
+        return [fixed.ppo_mini_batch_size]
+    target = max(1, tb // 4)
+
+    def key(m: int) -> tuple[int, int]:
+        return (abs(m - target), -m)
+
+    valid = [m for m in rules.divisors(tb) if (m * n) % dp == 0 and m * n >= dp]
+    if valid:
+        return [min(valid, key=key)]
+    # No divisor of the batch works: a mini-batch that leaves a partial last one (verl >= 0.7 pads it). The
+    # values with m x n % dp == 0 are the multiples of u = dp / gcd(dp, n); the closest to the target among
+    # those with m x n >= dp and m <= tb is one of the two multiples around it, clipped to that range.
+    unit = dp // math.gcd(dp, n)
+    fewest = -(-dp // n)  # m x n >= dp
+    low = unit * max(1, -(-fewest // unit))
+    high = tb // unit * unit
+    if low > high:
+        return [target]
+    below = target // unit * unit
+    return [min({min(max(m, low), high) for m in (below, below + unit)}, key=key)]

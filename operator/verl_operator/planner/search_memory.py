@@ -1,0 +1,178 @@
+"""The search's memory side: the estimate's inputs for a candidate, the memory violations with their hints."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from verl_operator.planner.budget import spend
+from verl_operator.planner.inputs import Problem, Settings
+from verl_operator.planner.memory import GIB, Estimate, MemoryInputs, estimate, max_gpu_memory_utilization
+from verl_operator.planner.result import Violation
+
+
+def memory_inputs(p: Problem, s: Settings, world: int) -> MemoryInputs:
+    spend()  # every memory-model evaluation is one step of the plan's budget
+    shard = world if s.fsdp_size == -1 or s.fsdp_size >= world else s.fsdp_size
+    sp = s.sequence_parallel_size
+    if s.dynamic_batch_size:
+        t_train = s.max_token_len_per_gpu or p.seq_len
+        t_lp = s.log_prob_max_token_len_per_gpu or t_train
+    else:
+        t_train = -(-(s.ppo_micro_batch_size_per_gpu or 1) * p.seq_len // sp)
+        t_lp = -(-(s.log_prob_micro_batch_size_per_gpu or 1) * p.seq_len // sp)
+    return MemoryInputs(
+        shape=p.shape,
+        params=p.params,
+        gpu_memory_bytes=p.gpu_memory_bytes,
+        world=world,
+        fsdp_shard=shard,
+        sequence_parallel_size=sp,
+        rollout_tp=s.rollout_tp,
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        seq_len=p.model_len,
+        train_tokens_per_gpu=t_train,
+        log_prob_tokens_per_gpu=t_lp,
+        param_offload=s.param_offload,
+        optimizer_offload=s.optimizer_offload,
+        ref_resident=p.uses_ref and not p.ref_param_offload,
+        ref_bytes_per_param=2 if p.version == "0.6" else 4,
+        critic=p.needs_critic,
+        critic_offload=p.critic_offload,
+        lora=p.lora,
+        gradient_checkpointing=p.gradient_checkpointing,
+        max_num_batched_tokens=p.max_num_batched_tokens,
+        max_num_seqs=p.max_num_seqs,
+        critic_params=p.critic_params,
+    )
+
+
+def gpus_needed(p: Problem, s: Settings, max_factor: int = 64) -> int | None:
+    """The smallest multiple of the current GPU count whose sharded state fits every phase, or None.
+
+    Only the state shrinks with more GPUs; the per-GPU batch settings stay as they are.
+    """
+    for k in range(2, max_factor + 1):
+        world = s.world * k
+        bigger = replace(s, world=world, fsdp_size=-1)
+        if estimate(memory_inputs(p, bigger, world)).fits(p.gpu_memory_bytes):
+            return world
+    return None
+
+
+def memory_violations(p: Problem, s: Settings, est: Estimate) -> list[Violation]:
+    """Phases predicted not to fit, with the parts and what would make them fit."""
+    m = p.gpu_memory_bytes
+    out: list[Violation] = []
+    gib = m / GIB
+    phases = (
+        # A pinned gpuMemoryUtilization is the field to change; otherwise the resident state is too large.
+        ("rollout", est.rollout, "gpu_memory_utilization"),
+        (
+            "train",
+            est.train,
+            "ppo_micro_batch_size_per_gpu" if not s.dynamic_batch_size else "max_token_len_per_gpu",
+        ),
+        (
+            "log-prob",
+            est.log_prob,
+            "log_prob_micro_batch_size_per_gpu"
+            if not s.dynamic_batch_size
+            else "log_prob_max_token_len_per_gpu",
+        ),
+    )
+    for label, phase, name in phases:
+        if phase.peak_bytes <= m:
+            continue
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(phase.parts_gib().items(), key=lambda kv: -kv[1]))
+        hints: list[str] = []
+        if label == "rollout":
+            hints += _rollout_hints(p, s)
+        elif label == "train":
+            hints.append(
+                "use a larger spec.parallelism.sequenceParallelSize or a smaller micro-batch / token budget"
+            )
+            hints.append("shorten spec.data.maxResponseLength")
+        else:
+            hints.append("use a smaller logProbMicroBatchSizePerGpu (or log-prob token budget)")
+        more = gpus_needed(p, s)
+        if more is not None:
+            hints.append(f"use at least {more} GPUs (the training state is sharded over them)")
+        out.append(
+            Violation(
+                field=p.source(name, "spec.resources.gpus"),
+                rule=f"memory-{label}",
+                message=(
+                    f"{label} peak {phase.peak_bytes / GIB:.1f} GiB (parts in GiB: {parts}; estimated parts x1.1) "
+                    f"exceeds the GPU's {gib:.1f} GiB"
+                ),
+                suggestions=hints,
+            )
+        )
+    if est.kv_cache_tokens < (p.model_len):
+        need = p.model_len
+        out.append(
+            Violation(
+                field=p.source("rollout_tp", "spec.rollout.tensorParallelSize"),
+                rule="kv-cache-max-model-len",
+                message=(
+                    f"vLLM's KV cache holds {est.kv_cache_tokens} tokens per replica at TP {s.rollout_tp} and "
+                    f"gpuMemoryUtilization {s.gpu_memory_utilization}, fewer than one {need}-token sequence"
+                ),
+                suggestions=_kv_hints(p, s),
+            )
+        )
+    return out
+
+
+def _max_gmu(p: Problem, s: Settings) -> float:
+    return max_gpu_memory_utilization(memory_inputs(p, s, s.world))
+
+
+def _rollout_hints(p: Problem, s: Settings) -> list[str]:
+    """Changes that make the rollout peak fit, with the gpuMemoryUtilization each allows."""
+    hints: list[str] = []
+    current = _max_gmu(p, s)
+    if current > 0:
+        hints.append(f"use gpuMemoryUtilization {current} or less")
+    options = []
+    if not s.optimizer_offload:
+        options.append(("set spec.offload.optimizer: true", replace(s, optimizer_offload=True)))
+    if not s.param_offload:
+        options.append(("set spec.offload.params: true", replace(s, param_offload=True)))
+    if not s.param_offload and not s.optimizer_offload:
+        options.append(
+            (
+                "set spec.offload.params and optimizer: true",
+                replace(s, param_offload=True, optimizer_offload=True),
+            )
+        )
+    for text, changed in options:
+        gmu = _max_gmu(p, changed)
+        if gmu > current:
+            hints.append(f"{text} (then gpuMemoryUtilization up to {gmu} fits)")
+    return hints
+
+
+def _kv_hints(p: Problem, s: Settings) -> list[str]:
+    """Changes that give vLLM room for one ``max_model_len`` sequence."""
+    hints: list[str] = []
+    for k in (2, 4, 8):
+        tp = s.rollout_tp * k
+        if p.shape.attention_heads % tp == 0 and s.world % tp == 0:
+            kv = estimate(memory_inputs(p, replace(s, rollout_tp=tp), s.world)).kv_cache_tokens
+            if kv >= p.model_len:
+                hints.append(f"use rollout tensorParallelSize {tp} ({kv} KV-cache tokens per replica)")
+                break
+    limit = _max_gmu(p, s)
+    step = 0.05
+    gmu = round(s.gpu_memory_utilization + step, 2)
+    while gmu <= limit + 1e-9:
+        kv = estimate(memory_inputs(p, replace(s, gpu_memory_utilization=gmu), s.world)).kv_cache_tokens
+        if kv >= p.model_len:
+            hints.append(f"use gpuMemoryUtilization {gmu} ({kv} KV-cache tokens per replica)")
+            break
+        gmu = round(gmu + step, 2)
+    have = estimate(memory_inputs(p, s, s.world)).kv_cache_tokens
+    if have > 0:
+        hints.append(f"or shorten maxPromptLength + maxResponseLength to {have} tokens or fewer")
+    return hints
