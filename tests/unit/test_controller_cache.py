@@ -263,3 +263,58 @@ def test_a_scheduled_wakeup_fires_once() -> None:
 
     asyncio.run(main())
     assert fake.calls.count(("ns", "j1")) == 2  # the resync, then the wake-up: no busy loop
+
+
+def test_jobs_on_a_node_are_the_placed_ones() -> None:
+    cache = WatchCache()
+    cache.put_job(verljob("a", "Running", ("n1", "n2")))
+    cache.put_job(verljob("b", "Starting", ("n2",)))
+    cache.put_job(verljob("c", "Succeeded", ("n2",)))
+    cache.put_job(verljob("d", "Pending"))
+    assert cache.jobs_on_node("n2") == [("ns", "a"), ("ns", "b")]
+    assert cache.jobs_on_node("n1") == [("ns", "a")]
+    assert cache.jobs_on_node("n9") == []
+
+
+def test_priority_classes_order_the_queue_and_a_default_applies_to_jobs_naming_none() -> None:
+    cache = WatchCache()
+    assert cache.put_priority_class({"metadata": {"name": "high"}, "value": 1000}) is True
+    assert cache.put_priority_class({"metadata": {"name": "high"}, "value": 1000}) is False  # unchanged
+    assert cache.put_priority_class({"metadata": {"name": "std"}, "value": 10, "globalDefault": True})
+    prio = cache.priorities()
+    assert (prio.of("high"), prio.of(None), prio.of("nope")) == (1000, 10, 0)
+    assert cache.drop_priority_class("std") is True
+    assert cache.priorities().of(None) == 0
+    assert cache.drop_priority_class("std") is False
+
+
+def planned_job(name: str, rv: int, created: str, **status: Any) -> dict[str, Any]:
+    from verl_operator.api.spec import VerlJobSpec
+    from verl_operator.planner import plan_job
+
+    spec = {
+        "verl": {"image": "example.com/verl:0.9.1"},
+        "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
+        "resources": {"gpus": 8},
+    }
+    plan = plan_job(VerlJobSpec.model_validate(spec), [make_node("n1", 8)]).to_json_dict()["plan"]
+    job = verljob(name, rv=rv, **spec)
+    job["metadata"]["creationTimestamp"] = created
+    job["status"] = {"phase": "Pending", "plan": plan, **status}
+    return job
+
+
+def test_a_job_leaving_the_queue_wakes_the_jobs_behind_and_queued_jobs_run_in_order() -> None:
+    cache = WatchCache()
+    assert cache.put_job(planned_job("late", 1, "2026-01-02T00:00:00Z")) is False  # entering wakes nobody
+    assert cache.put_job(planned_job("early", 1, "2026-01-01T00:00:00Z")) is False
+    cache.put_job(verljob("placed", "Running", ("n1",)))
+    keys = [("ns", "late"), ("ns", "early"), ("ns", "placed")]
+    assert sorted(keys, key=cache.order) == [("ns", "placed"), ("ns", "early"), ("ns", "late")]
+    assert [w.key for w in cache.snapshot().queue] == ["ns/late", "ns/early"]
+    again = planned_job("early", 2, "2026-01-01T00:00:00Z", message="still waiting")
+    assert cache.put_job(again) is False  # the same entry: nothing to wake
+    placed = planned_job("early", 3, "2026-01-01T00:00:00Z", placement={"nodes": ["n1"], "attempt": 0})
+    placed["status"]["phase"] = "Starting"
+    assert cache.put_job(placed) is True  # left the queue
+    assert cache.drop_job(("ns", "late")) is True  # a queued job deleted
