@@ -162,6 +162,26 @@ def waiting_ahead(name: str, spec: dict[str, Any], age: float = 60.0) -> Step:
     return step
 
 
+def node_deleted(name: str) -> Step:
+    """``kubectl delete node``: the node watch no longer shows it (its pods are still there)."""
+
+    def step(w: World) -> None:
+        w.nodes = [n for n in w.nodes if n["metadata"]["name"] != name]
+
+    return step
+
+
+def node_not_ready(name: str) -> Step:
+    """The node's kubelet stops reporting: its Ready condition turns Unknown."""
+
+    def step(w: World) -> None:
+        for node in w.nodes:
+            if node["metadata"]["name"] == name:
+                node.setdefault("status", {})["conditions"] = [{"type": "Ready", "status": "Unknown"}]
+
+    return step
+
+
 def priority_classes(**values: int) -> Step:
     def step(w: World) -> None:
         w.kube.priority_classes.update(values)
@@ -421,6 +441,58 @@ ROWS = [
             status={"attempt": 1, "placement": {"attempt": 1}},
         ),
         id="resume-places-the-next-attempt",
+    ),
+    pytest.param(
+        with_spec(backoffLimit=3),
+        [*RUNNING, passes(1), node_deleted("gpu-1")],
+        Expect(
+            "Pending",
+            "Restarting",
+            {"Placed": ("False", "Restarting"), "Ready": ("False", "Restarting")},
+            events=("Restarting",),
+            children=KEPT,
+            status={
+                "attempt": 1,
+                "restarts": 1,
+                "message": f"node gpu-1 of pod {WORKER} was deleted; restarting the whole Ray cluster "
+                "(restart 1 of 3)",
+            },
+        ),
+        id="deleted-node-restarts-the-job-at-once",
+    ),
+    pytest.param(
+        with_spec(backoffLimit=3),
+        [passes(1), node_deleted("gpu-0")],
+        Expect("Pending", "Restarting", {"Placed": ("False", "Restarting")}, events=("Restarting",)),
+        id="deleted-node-before-the-pods-exist-restarts-the-job",
+    ),
+    pytest.param(
+        with_spec(backoffLimit=0),
+        [*RUNNING, passes(1), node_deleted("gpu-1")],
+        Expect(
+            "Failed",
+            "NodeLost",
+            {"Failed": ("True", "NodeLost"), "Stalled": ("True", "NodeLost")},
+            events=("NodeLost",),
+            children=KEPT,
+        ),
+        id="deleted-node-without-restarts-left-fails-the-job",
+    ),
+    pytest.param(
+        SPEC,
+        [*RUNNING, passes(1), node_not_ready("gpu-1")],
+        Expect(
+            "Running",
+            "NodeNotReady",
+            {"Ready": ("False", "NodeNotReady")},
+            events=("NodeNotReady",),
+            children=CHILDREN,
+            status={
+                "message": f"node gpu-1 of pod {WORKER} is NotReady; the pods are kept until it returns "
+                "or is deleted"
+            },
+        ),
+        id="notready-node-is-named-and-the-pods-kept",
     ),
     pytest.param(
         with_spec(resources={"gpus": 8}),

@@ -1,8 +1,8 @@
 """What to do with a placed job's current Ray cluster, decided from its pods (pure).
 
 :func:`assess` reads the pods of the current attempt and returns one :class:`Verdict`; the reconciler carries
-it out. Order of precedence: the active deadline, then a failed or lost pod (restart or fail), then the head's
-success, then creating/releasing the pods, then Running or Starting.
+it out. Order of precedence: the active deadline, then a deleted node, a failed or a lost pod (restart or
+fail), then the head's success, then creating/releasing the pods, then Running or Starting.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def assess(
     backoff_limit: int,
     elapsed: float | None = None,
     deadline: int | None = None,
+    nodes_gone: Sequence[tuple[str, str]] = (),
 ) -> Verdict:
     """Decide the next step of a placed attempt.
 
@@ -68,6 +69,8 @@ def assess(
         backoff_limit: ``spec.backoffLimit``.
         elapsed: Seconds since ``status.startTime`` (None: not started).
         deadline: ``spec.activeDeadlineSeconds``.
+        nodes_gone: ``(node, pod)`` for each chosen node of the attempt that no longer exists: its pod is lost
+            at once (released or not), a retryable failure (``NodeLost``).
 
     Returns:
         The :class:`Verdict`.
@@ -76,8 +79,11 @@ def assess(
         return Verdict("fail", "DeadlineExceeded", f"ran longer than activeDeadlineSeconds {deadline}")
     failed = [current[n] for n in wanted if pod_phase(current.get(n)) == "Failed"]
     lost = [n for n in wanted if n not in current] if released else []
-    if failed or lost:
-        if failed:
+    if nodes_gone or failed or lost:
+        if nodes_gone:
+            node, pod = nodes_gone[0]
+            reason, message, retryable = "NodeLost", f"node {node} of pod {pod} was deleted", True
+        elif failed:
             reason, message, retryable = pod_failure(failed[0])
         else:
             reason, message, retryable = "PodLost", f"pod {lost[0]} disappeared", True

@@ -225,6 +225,13 @@ class WatchCache:
                 return (0, rank(0, "", f"{key[0]}/{key[1]}"))
             return (1, entry.rank(self._priorities()))
 
+    def jobs_on_node(self, name: str) -> list[JobKey]:
+        """Placed jobs with a chosen node ``name`` (a change of that node concerns them at once)."""
+        with self.lock:
+            return sorted(
+                k for k, j in self.jobs.items() if (r := reservation(j)) is not None and name in r[1]
+            )
+
     def facts_of(self, name: str) -> NodeFacts | None:
         """One node's facts (None when unknown)."""
         with self.lock:

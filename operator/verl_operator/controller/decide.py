@@ -42,6 +42,8 @@ class Observed:
         reserved: ``(job uid, nodes, GPUs per node)`` of every placed job, this process's decisions included.
         now: Seconds since the epoch at the start of the pass.
         launcher_image: The operator's image, for jobs whose Ray pods copy its launcher (None: none).
+        node_states: For a placed job, each of its chosen nodes that is not Ready: ``deleted`` (gone from the
+            node watch) or ``NotReady``.
     """
 
     job: Mapping[str, Any]
@@ -51,6 +53,7 @@ class Observed:
     reserved: Sequence[Reservation] = ()
     now: float = 0.0
     launcher_image: str | None = None
+    node_states: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def generation(self) -> int:

@@ -39,6 +39,8 @@ async def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, bool]:
     """
     if RUNTIME.cache.put_node(body):
         RUNTIME.capacity_changed()
+        for key in RUNTIME.cache.jobs_on_node(name):  # NotReady, cordoned, relabelled: the job says so now
+            RUNTIME.enqueue(key)
     return {name: True}
 
 
@@ -97,10 +99,13 @@ async def pod_event(type: str | None, namespace: str, labels: kopf.Labels, body:
 
 @kopf.on.event("v1", "nodes")
 async def node_event(type: str | None, name: str, **_: Any) -> None:
-    """A deleted Node leaves the cache (its other changes reach the cache through the index)."""
+    """A deleted Node leaves the cache (its other changes reach the cache through the index); the jobs placed
+    on it are reconciled at once."""
     RUNTIME.mark_ready()
     if type == "DELETED" and RUNTIME.cache.drop_node(name):
         RUNTIME.capacity_changed()
+        for key in RUNTIME.cache.jobs_on_node(name):  # its pods are lost now, not when they are collected
+            RUNTIME.enqueue(key)
 
 
 def validate_job(spec: kopf.Spec, old: kopf.Body | None, **_: Any) -> None:
@@ -156,7 +161,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.admission.managed = cfg.webhook_managed
     api = _client_from(cfg.kubeconfig)
     cache = RUNTIME.cache
-    reconciler = JobReconciler(CachedKube(api, cache), cache.snapshot)
+    reconciler = JobReconciler(CachedKube(api, cache), cache.snapshot, node_facts=cache.facts_of)
     _TASKS.append(asyncio.create_task(RUNTIME.run(reconciler, cfg.resync_seconds, cfg.workers)))
 
 

@@ -22,6 +22,7 @@ from verl_operator.controller.snapshot import Reservations, Snapshot
 from verl_operator.controller.status import merge_patch
 from verl_operator.controller.transition import Transition
 from verl_operator.manifests.launchspec import LAUNCH_KEY
+from verl_operator.planner.facts import NodeFacts
 
 log = logging.getLogger("verl_operator.reconcile")
 
@@ -44,14 +45,20 @@ class JobReconciler:
         kube: The API calls (:class:`~verl_operator.controller.kube.KubeAPI`).
         snapshot: Nodes, GPU pods and reservations now (called under the placement lock).
         clock: Seconds since the epoch (deadlines, TTLs, condition times).
+        node_facts: One node's facts from the node watch, None when it is gone (default: from a snapshot).
     """
 
     def __init__(
-        self, kube: KubeAPI, snapshot: Callable[[], Snapshot], clock: Callable[[], float] = time.time
+        self,
+        kube: KubeAPI,
+        snapshot: Callable[[], Snapshot],
+        clock: Callable[[], float] = time.time,
+        node_facts: Callable[[str], NodeFacts | None] | None = None,
     ) -> None:
         self.kube = kube
         self.snapshot = snapshot
         self.clock = clock
+        self.node_facts = node_facts or (lambda name: self.snapshot().facts_of(name))
         self.reservations = Reservations()
         self.placement_lock = threading.Lock()
 
@@ -64,7 +71,7 @@ class JobReconciler:
             return
         status = parse_status(job.get("status"))
         if status.placed:
-            self._pass(namespace, job, status, pods, EMPTY)
+            self._pass(namespace, job, status, pods, EMPTY, self.node_states(status))
             return
         with self.placement_lock:
             self._pass(namespace, job, status, pods, self.snapshot())
@@ -76,11 +83,14 @@ class JobReconciler:
         status: VerlJobStatus,
         pods: list[dict[str, Any]],
         snap: Snapshot,
+        node_states: Mapping[str, str] | None = None,
     ) -> None:
         reserved = self.reservations.merged(snap.reservations, snap.live_uids) if snap is not EMPTY else []
         launcher_image = config.current().launcher_image
         for _ in range(2):  # the second decision sees the pods the first one created
-            seen = Observed(job, status, pods, snap, reserved, self.clock(), launcher_image)
+            seen = Observed(
+                job, status, pods, snap, reserved, self.clock(), launcher_image, dict(node_states or {})
+            )
             transition = decide(seen)
             try:
                 self.apply(namespace, job, status, transition)
@@ -90,6 +100,17 @@ class JobReconciler:
             if not transition.recheck:
                 return
             pods = self.kube.job_pods(namespace, job["metadata"]["name"])
+
+    def node_states(self, status: VerlJobStatus) -> dict[str, str]:
+        """``deleted`` or ``NotReady`` for each chosen node of a placed job that is not Ready (the node watch)."""
+        states: dict[str, str] = {}
+        for node in status.placement.nodes if status.placement else []:
+            facts = self.node_facts(node)
+            if facts is None:
+                states[node] = "deleted"
+            elif not facts.ready:
+                states[node] = "NotReady"
+        return states
 
     def apply(self, ns: str, job: Mapping[str, Any] | None, old: VerlJobStatus, t: Transition) -> None:
         """Carry out ``t``: reservation, deletes, creates, gates, status, event, and the job's deletion.

@@ -41,6 +41,8 @@ def run(seen: Observed, spec: VerlJobSpec) -> Transition:
     children = children_of(seen.job, spec, status, seen.launcher_image)
     wanted = [str(c["metadata"]["name"]) for c in children if c["kind"] == "Pod"]
     started = parse_time(status.start_time)
+    on_nodes = list(zip(wanted, status.placement.nodes if status.placement else [], strict=False))
+    gone = tuple((node, pod) for pod, node in on_nodes if seen.node_states.get(node) == "deleted")
     verdict = assess(
         wanted,
         current,
@@ -49,9 +51,13 @@ def run(seen: Observed, spec: VerlJobSpec) -> Transition:
         backoff_limit=spec.backoff_limit,
         elapsed=None if started is None else seen.now - started,
         deadline=spec.active_deadline_seconds,
+        nodes_gone=gone,
     )
     if verdict.action in ("fail", "restart", "succeed"):
         return _end_attempt(seen, verdict, current, stale)
+    sick = [(node, pod) for pod, node in on_nodes if seen.node_states.get(node) == "NotReady"]
+    if sick and verdict.action in ("running", "starting"):
+        return _node_not_ready(seen, sick, stale)
     if verdict.action == "create":
         return _create(seen, tuple(children), wanted, current, stale)
     if verdict.action == "running":
@@ -115,6 +121,22 @@ def _end_attempt(seen: Observed, verdict: Verdict, current: Pods, stale: tuple[s
         )
         event = Event("Warning", verdict.reason, verdict.message)
     return Transition(status=new, event=on_change(status, new, event), delete=stale + live, unreserve=True)
+
+
+def _node_not_ready(seen: Observed, sick: list[tuple[str, str]], stale: tuple[str, ...]) -> Transition:
+    """A chosen node is NotReady: keep the phase and the pods, say so (``Ready=False``, an event naming it).
+
+    The pods stay: a kubelet that comes back finds them running. Should the node lifecycle controller evict
+    them, or the node be deleted, the attempt ends as a failure and restarts per ``backoffLimit``.
+    """
+    node, pod = sick[0]
+    more = f" (and {len(sick) - 1} more nodes)" if len(sick) > 1 else ""
+    text = f"node {node} of pod {pod} is NotReady{more}; the pods are kept until it returns or is deleted"
+    phase = seen.status.phase if seen.status.phase in ("Starting", "Running") else "Starting"
+    ready = condition("Ready", False, "NodeNotReady", text, seen.generation, seen.stamp)
+    new = _advance(seen, phase, "NodeNotReady", text, conditions=[ready])
+    event = Event("Warning", "NodeNotReady", text)
+    return Transition(status=new, event=on_change(seen.status, new, event), delete=stale)
 
 
 def _create(
