@@ -1,7 +1,8 @@
-"""Queue order against the real control plane: nine 4-node jobs wait, a later 1-node job waits behind them.
+"""Queue order and node loss against the real control plane.
 
-Five simulated 8-GPU nodes of their own (profile ``queue-h100``, selected by every job of the module), one
-operator process for the module.
+Nine 4-node jobs wait and a later 1-node job waits behind them; a deleted node restarts its job at once,
+naming the node; a NotReady node is named on its job. Five simulated 8-GPU nodes of their own (profile
+``queue-h100``, selected by every job of the module), one operator process for the module.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ QUEUE_NODES = {
     ],
 }
 ONLY_THESE = {"nodeSelector": {PROFILE: NAME}}
+KWOK_MANAGED = "kwok.x-k8s.io/node"
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +124,65 @@ def test_a_later_one_node_job_waits_behind_nine_queued_four_node_jobs(jobs: Jobs
         30,
     )
     assert jobs.pods("small") == []
+
+
+def node_ready(jobs: Jobs, node: str, ready: bool) -> None:
+    """Stop or restart the node's simulated kubelet: kwok manages only nodes annotated ``kwok.x-k8s.io/node:
+    fake``; without it the node is marked ``Ready=Unknown``, as the node lifecycle controller does when a
+    kubelet stops reporting, and kwok marks it Ready again once the annotation is back."""
+    if ready:
+        jobs.core.patch_node(node, {"metadata": {"annotations": {KWOK_MANAGED: "fake"}}})
+        return
+    jobs.core.patch_node(node, {"metadata": {"annotations": {KWOK_MANAGED: None}}})
+    ready_unknown = {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}
+    jobs.core.patch_node_status(node, {"status": {"conditions": [ready_unknown]}})
+
+
+def test_a_deleted_node_restarts_its_job_at_once_naming_the_node(jobs: Jobs, devcluster: DevCluster) -> None:
+    """``kubectl delete node`` under a Running job: the node watch shows it at once; the job restarts (per
+    ``backoffLimit``) on the nodes that are left, and the event names the node."""
+    assert jobs.apply(job("victim", 32, 8, resources=ONLY_THESE, backoffLimit=2)).returncode == 0
+    jobs.wait_phase("victim", "Running")
+    node = jobs.status("victim")["placement"]["nodes"][-1]
+    deleted_at = time.monotonic()
+    jobs.core.delete_node(node)
+    try:
+        restarted = wait_for(
+            lambda: [e for e in jobs.events("victim") if e.reason == "Restarting"], "the Restarting event", 15
+        )
+        took = time.monotonic() - deleted_at
+        assert f"node {node} of pod victim-r0-" in restarted[0].message, restarted[0].message
+        assert "was deleted" in restarted[0].message
+        assert took < 10, f"the restart came {took:.1f}s after the node was deleted"
+        wait_for(
+            lambda: (s := jobs.status("victim")).get("phase") == "Running" and s.get("attempt") == 1,
+            "victim Running again",
+            60,
+        )
+        status = jobs.status("victim")
+        assert status["restarts"] == 1 and node not in status["placement"]["nodes"]
+    finally:
+        devcluster.apply_profile(parse_profile(QUEUE_NODES))  # the node is back for the next test
+
+
+def test_a_notready_node_is_named_on_the_job_at_once(jobs: Jobs) -> None:
+    assert jobs.apply(job("steady", 8, 8, resources=ONLY_THESE, backoffLimit=1)).returncode == 0
+    jobs.wait_phase("steady", "Running")
+    node = jobs.status("steady")["placement"]["nodes"][0]
+    node_ready(jobs, node, False)
+    try:
+        status = wait_for(
+            lambda: (s := jobs.status("steady")).get("reason") == "NodeNotReady" and s, "NodeNotReady", 15
+        )
+        assert status["phase"] == "Running"
+        assert status["message"].startswith(f"node {node} of pod steady-r0-head is NotReady")
+        ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+        assert (ready["status"], ready["reason"]) == ("False", "NodeNotReady")
+        assert any(e.reason == "NodeNotReady" and node in e.message for e in jobs.events("steady"))
+        assert len(jobs.pods("steady")) == 1  # the pods are kept
+    finally:
+        node_ready(jobs, node, True)
+    status = wait_for(
+        lambda: (s := jobs.status("steady")).get("reason") == "AllPodsRunning" and s, "Running again", 15
+    )
+    assert status.get("restarts", 0) == 0 and status.get("attempt", 0) == 0
