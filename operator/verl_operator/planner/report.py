@@ -6,10 +6,11 @@ import math
 import re
 from collections.abc import Sequence
 
-from verl_operator.planner import dialect, rules
+from verl_operator.planner import dialect
 from verl_operator.planner.cluster import Layout, Pool
-from verl_operator.planner.inputs import Problem
-from verl_operator.planner.memory import GIB, SAFETY_FACTOR, Phase
+from verl_operator.planner.inputs import Problem, Settings
+from verl_operator.planner.memory import GIB, SAFETY_FACTOR, Estimate, Phase
+from verl_operator.planner.mesh import Mesh
 from verl_operator.planner.overrides import Override
 from verl_operator.planner.result import (
     BatchingPlan,
@@ -65,102 +66,27 @@ def build_result(
         model_path: The model path.
     """
     s, est = found.settings, found.estimate
-    dp = s.data_parallel_size
-    warnings: list[str] = list(found.warnings) + shell_variable_warnings(passthrough, p)
-    replicas = s.world // s.rollout_tp
-    padded = rules.padded_trajectories(s, p.needs_critic)
-    waste = padded - s.trajectories
-    if waste and p.version != "0.6":
-        warnings.append(
-            f"verl pads {s.trajectories} trajectories to {padded} per step ({waste} zero-weight samples)"
-        )
-    seqs_per_replica = s.trajectories / replicas
-    if seqs_per_replica * p.seq_len > est.kv_cache_tokens:
-        warnings.append(
-            f"each vLLM replica gets {seqs_per_replica:.0f} sequences of up to {p.seq_len} tokens but its KV cache "
-            f"holds {est.kv_cache_tokens} tokens: vLLM will run them in waves"
-        )
-    if s.train_batch_size % s.ppo_mini_batch_size:
-        warnings.append(
-            f"trainBatchSize {s.train_batch_size} is not a multiple of ppoMiniBatchSize {s.ppo_mini_batch_size}"
-        )
-    per_gpu_mini = s.ppo_mini_batch_size * s.rollout_n // dp
-    lp_per_gpu = (padded if p.version != "0.6" else s.trajectories) // dp
-    micro = s.ppo_micro_batch_size_per_gpu
-    lp_micro = s.log_prob_micro_batch_size_per_gpu
-    overrides = dialect.emit(
-        dialect.Emitted(
-            settings=s,
-            version=p.version,
-            model_path=model_path,
-            adv_estimator=adv,
-            # As the user wrote them: a list from the spec, a list or a single path from an override.
-            train_files=p.pins["train_files"].value if "train_files" in p.pins else None,
-            val_files=p.pins["val_files"].value if "val_files" in p.pins else None,
-            max_prompt_length=p.max_prompt_length,
-            max_response_length=p.max_response_length,
-            max_model_len=p.model_len,
-            max_num_batched_tokens=p.max_num_batched_tokens,
-            critic=p.needs_critic,
-            rollout_mode=p.mode,
-            critic_model_path=p.critic_model_path,
-        ),
-        passthrough,
-    )
-    gpu_gib = p.gpu_memory_bytes / GIB
-
-    def phase(ph: Phase) -> MemoryPhase:
-        return MemoryPhase(peak_gib=round(ph.peak_bytes / GIB, 2), parts_gib=ph.parts_gib())
-
+    mesh = Mesh.of(p, s)
+    warnings = [*found.warnings, *shell_variable_warnings(passthrough, p), *_batch_warnings(p, s, mesh, est)]
     plan = Plan(
         verl_version=p.version,
         nodes=list(layout.candidates[: layout.nnodes]),
         nnodes=layout.nnodes,
         gpus_per_node=layout.gpus_per_node,
         candidate_nodes=list(layout.candidates),
-        nvlink_group_size=max(s.rollout_tp, s.sequence_parallel_size) if p.nvlink_required else 1,
-        world_size=s.world,
-        data_parallel_size=dp,
+        nvlink_group_size=mesh.nvlink_group_size,
+        world_size=mesh.world,
+        data_parallel_size=mesh.data_parallel_size,
         sequence_parallel_size=s.sequence_parallel_size,
         fsdp_size=s.fsdp_size,
-        rollout=RolloutPlan(
-            mode=p.mode,
-            tensor_parallel_size=s.rollout_tp,
-            replicas=replicas,
-            prompts_per_replica=round(s.train_batch_size / replicas, 2),
-            sequences_per_replica=round(seqs_per_replica, 2),
-            gpu_memory_utilization=s.gpu_memory_utilization,
-            max_model_len=p.model_len,
-            kv_cache_tokens_per_replica=est.kv_cache_tokens,
-        ),
-        batching=BatchingPlan(
-            train_batch_size=s.train_batch_size,
-            rollout_n=s.rollout_n,
-            trajectories_per_step=s.trajectories,
-            ppo_mini_batch_size=s.ppo_mini_batch_size,
-            mini_batch_per_gpu=per_gpu_mini,
-            ppo_micro_batch_size_per_gpu=micro,
-            gradient_accumulation_steps=per_gpu_mini // micro if micro else None,
-            log_prob_micro_batch_size_per_gpu=lp_micro,
-            log_prob_passes_per_gpu=math.ceil(lp_per_gpu / lp_micro) if lp_micro else None,
-            dynamic_batch_size=s.dynamic_batch_size,
-            max_token_len_per_gpu=s.max_token_len_per_gpu,
-            log_prob_max_token_len_per_gpu=s.log_prob_max_token_len_per_gpu,
-            mini_batches_per_step=math.ceil(s.train_batch_size / s.ppo_mini_batch_size),
-        ),
-        memory=MemoryPlan(
-            gpu_memory_gib=round(gpu_gib, 2),
-            rollout_peak_gib=round(est.rollout.peak_bytes / GIB, 2),
-            train_peak_gib=round(est.train.peak_bytes / GIB, 2),
-            log_prob_peak_gib=round(est.log_prob.peak_bytes / GIB, 2),
-            safety_factor=SAFETY_FACTOR,
-            rollout=phase(est.rollout),
-            train=phase(est.train),
-            log_prob=phase(est.log_prob),
-        ),
+        rollout=_rollout_plan(p, s, mesh, est),
+        batching=_batching_plan(s, mesh),
+        memory=_memory_plan(p, est),
         padding=PaddingPlan(
-            padded_trajectories=waste if p.version != "0.6" else 0,
-            waste_fraction=round(waste / padded, 4) if padded and p.version != "0.6" else 0.0,
+            padded_trajectories=mesh.waste,
+            waste_fraction=round(mesh.waste / mesh.padded_trajectories, 4)
+            if mesh.padded_trajectories
+            else 0.0,
         ),
         node_pool=NodePoolPlan(
             gpu_product=pool.product,
@@ -169,6 +95,94 @@ def build_result(
             eligible_nodes=len(pool.nodes),
             excluded=dict(sorted(excluded.items())),
         ),
-        overrides=overrides,
+        overrides=dialect.emit(_emitted(p, s, adv, model_path), passthrough),
     )
     return PlanResult(feasible=True, violations=[], warnings=warnings, plan=plan)
+
+
+def _batch_warnings(p: Problem, s: Settings, mesh: Mesh, est: Estimate) -> list[str]:
+    out: list[str] = []
+    if mesh.waste:
+        out.append(
+            f"verl pads {mesh.trajectories} trajectories to {mesh.padded_trajectories} per step "
+            f"({mesh.waste} zero-weight samples)"
+        )
+    seqs_per_replica = s.trajectories / mesh.rollout_replicas
+    if seqs_per_replica * p.seq_len > est.kv_cache_tokens:
+        out.append(
+            f"each vLLM replica gets {seqs_per_replica:.0f} sequences of up to {p.seq_len} tokens but its KV cache "
+            f"holds {est.kv_cache_tokens} tokens: vLLM will run them in waves"
+        )
+    if s.train_batch_size % s.ppo_mini_batch_size:
+        out.append(
+            f"trainBatchSize {s.train_batch_size} is not a multiple of ppoMiniBatchSize {s.ppo_mini_batch_size}"
+        )
+    return out
+
+
+def _emitted(p: Problem, s: Settings, adv: str, model_path: str) -> dialect.Emitted:
+    return dialect.Emitted(
+        settings=s,
+        version=p.version,
+        model_path=model_path,
+        adv_estimator=adv,
+        # As the user wrote them: a list from the spec, a list or a single path from an override.
+        train_files=p.pins["train_files"].value if "train_files" in p.pins else None,
+        val_files=p.pins["val_files"].value if "val_files" in p.pins else None,
+        max_prompt_length=p.max_prompt_length,
+        max_response_length=p.max_response_length,
+        max_model_len=p.model_len,
+        max_num_batched_tokens=p.max_num_batched_tokens,
+        critic=p.needs_critic,
+        rollout_mode=p.mode,
+        critic_model_path=p.critic_model_path,
+    )
+
+
+def _rollout_plan(p: Problem, s: Settings, mesh: Mesh, est: Estimate) -> RolloutPlan:
+    replicas = mesh.rollout_replicas
+    return RolloutPlan(
+        mode=p.mode,
+        tensor_parallel_size=s.rollout_tp,
+        replicas=replicas,
+        prompts_per_replica=round(s.train_batch_size / replicas, 2),
+        sequences_per_replica=round(s.trajectories / replicas, 2),
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        max_model_len=p.model_len,
+        kv_cache_tokens_per_replica=est.kv_cache_tokens,
+    )
+
+
+def _batching_plan(s: Settings, mesh: Mesh) -> BatchingPlan:
+    micro, lp_micro = s.ppo_micro_batch_size_per_gpu, s.log_prob_micro_batch_size_per_gpu
+    return BatchingPlan(
+        train_batch_size=s.train_batch_size,
+        rollout_n=s.rollout_n,
+        trajectories_per_step=s.trajectories,
+        ppo_mini_batch_size=s.ppo_mini_batch_size,
+        mini_batch_per_gpu=mesh.mini_per_gpu,
+        ppo_micro_batch_size_per_gpu=micro,
+        gradient_accumulation_steps=mesh.accumulation_steps(micro),
+        log_prob_micro_batch_size_per_gpu=lp_micro,
+        log_prob_passes_per_gpu=mesh.log_prob_passes(lp_micro),
+        dynamic_batch_size=s.dynamic_batch_size,
+        max_token_len_per_gpu=s.max_token_len_per_gpu,
+        log_prob_max_token_len_per_gpu=s.log_prob_max_token_len_per_gpu,
+        mini_batches_per_step=math.ceil(s.train_batch_size / s.ppo_mini_batch_size),
+    )
+
+
+def _memory_plan(p: Problem, est: Estimate) -> MemoryPlan:
+    def phase(ph: Phase) -> MemoryPhase:
+        return MemoryPhase(peak_gib=round(ph.peak_bytes / GIB, 2), parts_gib=ph.parts_gib())
+
+    return MemoryPlan(
+        gpu_memory_gib=round(p.gpu_memory_bytes / GIB, 2),
+        rollout_peak_gib=round(est.rollout.peak_bytes / GIB, 2),
+        train_peak_gib=round(est.train.peak_bytes / GIB, 2),
+        log_prob_peak_gib=round(est.log_prob.peak_bytes / GIB, 2),
+        safety_factor=SAFETY_FACTOR,
+        rollout=phase(est.rollout),
+        train=phase(est.train),
+        log_prob=phase(est.log_prob),
+    )

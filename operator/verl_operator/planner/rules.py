@@ -18,6 +18,7 @@ from verl_operator.planner.arith import (
 )
 from verl_operator.planner.arith import or_text as _or
 from verl_operator.planner.inputs import SPEC_PATHS, Problem, Settings
+from verl_operator.planner.mesh import Mesh
 from verl_operator.planner.result import Violation
 from verl_operator.planner.rules_critic import (
     critic_data_parallel_size,
@@ -218,7 +219,7 @@ def micro_divides_mini(p: Problem, s: Settings) -> list[Violation]:
                 suggestions=["set ppoMicroBatchSizePerGpu, or dynamicBatchSize: true"],
             )
         ]
-    per_gpu = s.ppo_mini_batch_size * s.rollout_n // s.data_parallel_size
+    per_gpu = Mesh.of(p, s).mini_per_gpu
     if per_gpu > 0 and per_gpu % micro == 0:
         return []
     return [
@@ -250,7 +251,7 @@ def log_prob_micro_divides(p: Problem, s: Settings) -> list[Violation]:
                 suggestions=["set logProbMicroBatchSizePerGpu, or dynamicBatchSize: true"],
             )
         ]
-    per_gpu = padded_trajectories(s, p.needs_critic) // s.data_parallel_size
+    per_gpu = Mesh.of(p, s).log_prob_per_gpu  # padded (the rule applies to verl >= 0.7 only)
     if per_gpu % micro == 0:
         return []
     return [

@@ -7,6 +7,7 @@ import math
 from verl_operator.planner.arith import nearest_divisor, nearest_multiple
 from verl_operator.planner.arith import or_text as _or
 from verl_operator.planner.inputs import SPEC_PATHS, Problem, Settings
+from verl_operator.planner.mesh import Mesh
 from verl_operator.planner.result import Violation
 
 
@@ -16,7 +17,7 @@ def _field(p: Problem, name: str) -> str:
 
 def critic_data_parallel_size(p: Problem, s: Settings) -> int:
     """The critic's data-parallel size: world / the critic's own Ulysses SP (verl's default 1)."""
-    return max(1, s.world // p.critic_sequence_parallel_size)
+    return Mesh.of(p, s).critic_data_parallel_size
 
 
 def critic_mesh(p: Problem, s: Settings) -> list[Violation]:
@@ -64,7 +65,7 @@ def critic_micro_divides_mini(p: Problem, s: Settings) -> list[Violation]:
     micro = s.critic_ppo_micro_batch_size_per_gpu
     if not p.needs_critic or s.dynamic_batch_size or micro is None:
         return []
-    per_gpu = s.ppo_mini_batch_size * s.rollout_n // critic_data_parallel_size(p, s)
+    per_gpu = Mesh.of(p, s).critic_mini_per_gpu
     if per_gpu > 0 and per_gpu % micro == 0:
         return []
     return [

@@ -7,12 +7,13 @@ from dataclasses import replace
 from verl_operator.planner.budget import spend
 from verl_operator.planner.inputs import Problem, Settings
 from verl_operator.planner.memory import GIB, Estimate, MemoryInputs, estimate, max_gpu_memory_utilization
+from verl_operator.planner.mesh import Mesh
 from verl_operator.planner.result import Violation
 
 
 def memory_inputs(p: Problem, s: Settings, world: int) -> MemoryInputs:
     spend()  # every memory-model evaluation is one step of the plan's budget
-    shard = world if s.fsdp_size == -1 or s.fsdp_size >= world else s.fsdp_size
+    shard = Mesh.of(p, replace(s, world=world)).fsdp_shard
     sp = s.sequence_parallel_size
     if s.dynamic_batch_size:
         t_train = s.max_token_len_per_gpu or p.seq_len
