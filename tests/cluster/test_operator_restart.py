@@ -132,8 +132,15 @@ def test_without_the_webhook_the_controller_marks_an_invalid_job(
         assert status["violations"][0]["field"] == "spec.data.trainBatchSize"
         stalled = {c["type"]: c for c in status["conditions"]}["Stalled"]
         assert stalled["status"] == "True"
-        events = [e for e in core.list_namespaced_event(namespace).items if e.involved_object.name == "bad"]
-        assert any(e.type == "Warning" and e.reason == "PlanInfeasible" for e in events)
+        wait_for(  # the event is posted right after the status write
+            lambda: [
+                e
+                for e in core.list_namespaced_event(namespace).items
+                if e.involved_object.name == "bad" and e.type == "Warning" and e.reason == "PlanInfeasible"
+            ],
+            "the PlanInfeasible event",
+            10,
+        )
         time.sleep(1)
         assert core.list_namespaced_pod(namespace).items == []
         assert (
