@@ -318,3 +318,31 @@ def test_a_job_leaving_the_queue_wakes_the_jobs_behind_and_queued_jobs_run_in_or
     placed["status"]["phase"] = "Starting"
     assert cache.put_job(placed) is True  # left the queue
     assert cache.drop_job(("ns", "late")) is True  # a queued job deleted
+
+
+class _Custom:
+    """The custom-objects API answering every status patch with ``status``."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def patch_namespaced_custom_object_status(self, *args: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        raise ApiException(status=self.status, reason="test")
+
+
+@pytest.mark.parametrize(("code", "raises"), [(404, False), (409, True), (500, True)])
+def test_a_status_patch_of_a_job_deleted_meanwhile_is_dropped(code: int, raises: bool) -> None:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from verl_operator.controller.cache import CachedKube
+
+    kube = CachedKube(client.ApiClient(), WatchCache())
+    kube.custom = _Custom(code)  # type: ignore[assignment]
+    if raises:
+        with pytest.raises(ApiException):
+            kube.patch_status("ns", "gone", {"phase": "Pending"})
+    else:
+        kube.patch_status("ns", "gone", {"phase": "Pending"})

@@ -274,10 +274,20 @@ class CachedKube(Kube):
         return self.cache.job_pods(namespace, job)
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """Merge-patch ``status`` and store the object the API server returns."""
-        result = self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}
-        )
+        """Merge-patch ``status`` and store the object the API server returns.
+
+        A job deleted since the cache last saw it (404) is left alone: its ``DELETED`` event follows.
+        """
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            result = self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
         if isinstance(result, Mapping):
             self.cache.put_job(cast(Mapping[str, Any], result))
 
