@@ -103,3 +103,26 @@ def test_two_node_job_forms_one_ray_cluster_and_succeeds(
     assert head_state.exit_code == 0
     assert "verl finished at step 2 of 2" in head_state.message
     assert status["message"] == "the verl run finished: verl finished at step 2 of 2", status
+
+
+def test_an_image_with_its_own_launcher_runs_it_when_injection_is_off(
+    operator_release: dict[str, Any],
+    launcher_test_image: str,
+    kubectl: Run,
+    kube: client.ApiClient,
+    namespace: str,
+) -> None:
+    """``verl.launcher: image``: no init container; the image's own ``verl-launcher`` forms the cluster."""
+    job = real_node_job("own-launcher", launcher_test_image)
+    job["spec"]["verl"]["launcher"] = "image"
+    apply(kubectl, namespace, job)
+    status = wait_phase(kube, namespace, "own-launcher", {"Succeeded", "Failed"}, timeout=420)
+    pods = pods_of(kube, namespace, "own-launcher")
+    assert status["phase"] == "Succeeded", status
+    assert len(pods) == 2
+    for pod in pods:
+        assert not pod.spec.init_containers
+        assert pod.spec.containers[0].command == [
+            "verl-launcher",
+            pod.metadata.labels["verl-operator.io/role"],
+        ]

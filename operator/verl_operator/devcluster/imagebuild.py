@@ -122,7 +122,9 @@ def base_rootfs(root: Path | None = None, say: Progress = _say) -> Path:
         ``<cache>/images/base-<hash>.tar``.
     """
     images = (root or cache_dir()) / "images"
-    key = hashlib.sha256(json.dumps([DEBIAN_SUITE, DEBIAN_MIRROR, BASE_PACKAGES]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps([DEBIAN_SUITE, DEBIAN_MIRROR, BASE_PACKAGES, "no-doc-man-locale"]).encode()
+    ).hexdigest()[:16]
     out = images / f"base-{key}.tar"
     with file_lock(images / "base.lock"):
         if out.is_file():
@@ -139,6 +141,8 @@ def base_rootfs(root: Path | None = None, say: Progress = _say) -> Path:
                 # Smaller image: no apt lists, no docs or man pages.
                 "--dpkgopt=path-exclude=/usr/share/doc/*",
                 "--dpkgopt=path-exclude=/usr/share/man/*",
+                # Translations of the base's tools (30 MiB); the image's programs speak English.
+                "--dpkgopt=path-exclude=/usr/share/locale/*",
                 '--customize-hook=rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*',
                 "--format=tar",
                 DEBIAN_SUITE,
@@ -148,8 +152,16 @@ def base_rootfs(root: Path | None = None, say: Progress = _say) -> Path:
             "mmdebstrap",
         )
         partial.replace(out)
+        _drop_older(images, "base", out, suffix=".tar")
         say(f"base ready in {time.monotonic() - started:.0f}s ({out.stat().st_size >> 20} MiB)")
     return out
+
+
+def _drop_older(images: Path, name: str, keep: Path, suffix: str = ".oci.tar") -> None:
+    """Remove the earlier builds of ``name`` (the cache keeps the newest of each image, not every version)."""
+    for old in images.glob(f"{name}-*{suffix}"):
+        if old != keep and old.name.removeprefix(f"{name}-").removesuffix(suffix).isalnum():
+            old.unlink(missing_ok=True)
 
 
 def launcher_zipapp(launcher_package: Path) -> bytes:
@@ -293,6 +305,7 @@ def build(recipe: Recipe, root: Path | None = None, say: Progress = _say) -> Pat
                 tops += ["/etc/passwd", "/etc/group"]
             _top_layer(rootfs, top, tops)
             oci.write_archive(out, [base, top], recipe.config, recipe.reference)
+        _drop_older(images, recipe.name, out)
         size = out.stat().st_size >> 20
         say(f"image {recipe.reference} ready in {time.monotonic() - started:.0f}s ({size} MiB uncompressed)")
     return out
