@@ -188,6 +188,15 @@ def emit(planned: Emitted, passthrough: Sequence[Override]) -> list[str]:
         (f"{ARR}.rollout.log_prob_use_dynamic_bsz", st.dynamic_batch_size),
         (f"{ARR}.ref.log_prob_use_dynamic_bsz", st.dynamic_batch_size),
     ]
+    out += _batch_keys(planned)
+    rendered = [f"{k}={format_value(val)}" for k, val in out]
+    return rendered + [ov.raw.strip() for ov in passthrough]
+
+
+def _batch_keys(planned: Emitted) -> list[tuple[str, Any]]:
+    """The micro-batch or token-budget keys (the mode's only), and the critic's."""
+    st = planned.settings
+    out: list[tuple[str, Any]] = []
     if st.dynamic_batch_size:
         out += [
             (f"{ARR}.actor.ppo_max_token_len_per_gpu", st.max_token_len_per_gpu),
@@ -206,5 +215,4 @@ def emit(planned: Emitted, passthrough: Sequence[Override]) -> list[str]:
         out.append(("critic.use_dynamic_bsz", st.dynamic_batch_size))
         # verl's default names ~/models/deepseek-llm-7b-chat: a critic without a path fails to build.
         out.append(("critic.model.path", planned.critic_model_path or planned.model_path))
-    rendered = [f"{k}={format_value(val)}" for k, val in out]
-    return rendered + [ov.raw.strip() for ov in passthrough]
+    return out
