@@ -26,9 +26,10 @@ from kubernetes import client
 
 from cluster.polling import wait_for
 from node import hostsnapshot
-from verl_operator.devcluster import DevCluster, binaries, imagebuild, oci, projectimages, realnodes
+from verl_operator.devcluster import DevCluster, binaries, imagebuild, oci, process, projectimages, realnodes
 from verl_operator.devcluster.layout import COMPONENTS
 from verl_operator.devcluster.nodeconfig import REAL_NODE_LABEL, REAL_NODE_TAINT
+from verl_operator.devcluster.versions import cache_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "verl-operator"
@@ -120,6 +121,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         imagebuild.build(python_ray_launcher_recipe())
 
 
+def _remove_stale_instances() -> None:
+    """Tear down ``pytest-node-<pid>`` instances whose pytest process is gone (a killed earlier session)."""
+    for state in (cache_dir() / "devclusters").glob("pytest-node-*/state.json"):
+        pid = state.parent.name.removeprefix("pytest-node-")
+        if pid.isdigit() and int(pid) != os.getpid() and not process.alive(int(pid)):
+            DevCluster(name=state.parent.name, progress=lambda _msg: None).down()
+
+
 def _wait_for_other_real_nodes() -> None:
     deadline = time.monotonic() + OWNER_WAIT_SECONDS
     while True:
@@ -148,6 +157,7 @@ def realcluster() -> Iterator[DevCluster]:
     if reuse:
         yield cluster.up()
         return
+    _remove_stale_instances()
     _wait_for_other_real_nodes()
     before = hostsnapshot.take(cluster.layout.base)
     try:
