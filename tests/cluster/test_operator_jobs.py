@@ -598,3 +598,48 @@ def test_render_matches_what_the_operator_creates(jobs: Jobs, tmp_path: Path) ->
         == live.spec.containers[0].resources.requests["nvidia.com/gpu"]
     )
     assert yaml.safe_dump(rendered)  # serialisable as the CLI prints it
+
+
+def _api_reads(kube: client.ApiClient) -> dict[str, float]:
+    """GET and LIST requests the API server has served for VerlJobs and pods (``apiserver_request_total``)."""
+    rsp = kube.rest_client.request("GET", f"{kube.configuration.host}/metrics")
+    out: dict[str, float] = {}
+    for line in rsp.read().decode().splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.rindex("}")].split(","))
+        verb, resource = labels.get("verb", "").strip('"'), labels.get("resource", "").strip('"')
+        if (
+            verb in ("GET", "LIST")
+            and resource in ("verljobs", "pods")
+            and not labels["subresource"].strip('"')
+        ):
+            key = f"{verb} {resource}"
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _reconciles(operator: LocalOperator) -> float:
+    text = operator.metrics().splitlines()
+    line = next(row for row in text if row.startswith("verl_operator_reconciles_total "))
+    return float(line.split()[1])
+
+
+def test_reconciles_read_the_watch_cache_not_the_api_server(
+    operator: LocalOperator, jobs: Jobs, kube: client.ApiClient
+) -> None:
+    """Changes of a running job and of its pods trigger reconciles that read nothing from the API server."""
+    assert jobs.apply(job("cached", 16, 8, resources={"nodeSelector": DGX})).returncode == 0
+    jobs.wait_phase("cached", "Running")
+    pods = [p.metadata.name for p in jobs.running_pods("cached", 2)]
+    time.sleep(1.0)  # the last status write's event is handled
+    reads, passes = _api_reads(kube), _reconciles(operator)
+    for i in range(3):  # nothing the test does from here reads a VerlJob or a pod
+        jobs.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, jobs.ns, PLURAL, "cached", {"metadata": {"annotations": {"touch": str(i)}}}
+        )
+        jobs.core.patch_namespaced_pod(pods[i % 2], jobs.ns, {"metadata": {"annotations": {"touch": str(i)}}})
+    wait_for(lambda: _reconciles(operator) >= passes + 6 or None, "a reconcile per change", 10)
+    after = _api_reads(kube)
+    assert {k: after.get(k, 0.0) - v for k, v in reads.items()} == dict.fromkeys(reads, 0.0)
+    assert set(after) == set(reads)
