@@ -7,6 +7,7 @@ gate only when every pod of the attempt exists. A reconciler killed at any point
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -73,8 +74,7 @@ class JobReconciler:
         if status.placed:
             self._pass(namespace, job, status, pods, EMPTY, self.node_states(status))
             return
-        with self.placement_lock:
-            self._pass(namespace, job, status, pods, self.snapshot())
+        self._pass(namespace, job, status, pods, None)
 
     def _pass(
         self,
@@ -82,16 +82,30 @@ class JobReconciler:
         job: Mapping[str, Any],
         status: VerlJobStatus,
         pods: list[dict[str, Any]],
-        snap: Snapshot,
+        snap: Snapshot | None,
         node_states: Mapping[str, str] | None = None,
     ) -> None:
-        reserved = self.reservations.merged(snap.reservations, snap.live_uids) if snap is not EMPTY else []
+        """Decide and apply (twice when the first transition created pods).
+
+        ``snap`` None: the job is still to be placed. Each decision then takes a fresh snapshot under the
+        placement lock, which covers the snapshot, the decision and the in-process reservation only, not the
+        API writes that follow: the next placement already counts this job's GPUs through the reservation,
+        so placements never overlap, and a slow status write does not hold up every other placement.
+        """
         launcher_image = config.current().launcher_image
+        uid = str(job["metadata"]["uid"])
         for _ in range(2):  # the second decision sees the pods the first one created
-            seen = Observed(
-                job, status, pods, snap, reserved, self.clock(), launcher_image, dict(node_states or {})
-            )
-            transition = decide(seen)
+            with self.placement_lock if snap is None else contextlib.nullcontext():
+                view = self.snapshot() if snap is None else snap
+                reserved = (
+                    self.reservations.merged(view.reservations, view.live_uids) if view is not EMPTY else []
+                )
+                seen = Observed(
+                    job, status, pods, view, reserved, self.clock(), launcher_image, dict(node_states or {})
+                )
+                transition = decide(seen)
+                if snap is None and transition.reserve is not None:
+                    self.reservations.decided[uid] = transition.reserve
             try:
                 self.apply(namespace, job, status, transition)
             except MissingAPIError as exc:
