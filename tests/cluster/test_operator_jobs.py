@@ -637,6 +637,12 @@ def test_reconciles_read_the_watch_cache_not_the_api_server(
     jobs.wait_phase("cached", "Running")
     pods = [p.metadata.name for p in jobs.running_pods("cached", 2)]
     time.sleep(1.0)  # the last status write's event is handled
+
+    def namespaces_settled() -> bool | None:
+        # The namespace controller deleting earlier tests' namespaces lists every kind in them.
+        return not any(n.status.phase == "Terminating" for n in jobs.core.list_namespace().items) or None
+
+    wait_for(namespaces_settled, "earlier tests' namespaces deleted", 120)
     reads, passes = _api_reads(kube), _reconciles(operator)
     annotate_job = jobs.custom.patch_namespaced_custom_object
     for i in range(3):  # nothing the test does from here reads a VerlJob or a pod
