@@ -255,3 +255,64 @@ def test_ray_pods_pass_pod_security_admission(
         with pytest.raises(ApiException) as refused:
             core.create_namespaced_pod(enforcing, body)
         assert refused.value.status == 403 and "runAsNonRoot" in str(refused.value.body)
+
+
+# ---- the administrator's policy (the operator's defaults) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("manifest", "fragment"),
+    [
+        pytest.param(
+            job("hostroot", volumes=[{"name": "root", "hostPath": {"path": "/"}}]),
+            "spec.volumes[0]: volume type hostPath is not allowed",
+            id="hostpath-root",
+        ),
+        pytest.param(
+            job("critical", scheduling={"priorityClassName": "system-node-critical"}),
+            "priority class 'system-node-critical' is not allowed",
+            id="system-node-critical",
+        ),
+        pytest.param(
+            job("tolerall", resources={"tolerations": [{"operator": "Exists"}]}),
+            "spec.resources.tolerations[0]: a toleration without a key tolerates every taint",
+            id="tolerate-everything",
+        ),
+        pytest.param(
+            job("priv", security={"containerSecurityContext": {"privileged": True}}),
+            "spec.security.containerSecurityContext.privileged: true is not allowed",
+            id="privileged",
+        ),
+    ],
+)
+def test_default_policy_denies_the_dangerous_cases(
+    operator: LocalOperator, kubectl: Any, namespace: str, manifest: dict[str, Any], fragment: str
+) -> None:
+    applied = kubectl(["apply", "-n", namespace, "-f", "-"], input=json.dumps(manifest))
+    assert applied.returncode != 0 and fragment in applied.stderr, applied.stderr
+
+
+def test_a_user_who_may_not_create_pods_may_not_create_a_verljob(
+    operator: LocalOperator, kube: client.ApiClient, kubectl: Any, namespace: str
+) -> None:
+    rbac = client.RbacAuthorizationV1Api(kube)
+    rules: list[dict[str, Any]] = [
+        {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "create", "patch", "delete"]}
+    ]
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "jobs-only"}, "rules": rules})
+    binding = {
+        "metadata": {"name": "alice"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "jobs-only"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
+    }
+    rbac.create_namespaced_role_binding(namespace, binding)
+    manifest = json.dumps(job("alice"))
+    applied = kubectl(["apply", "--as=alice", "-n", namespace, "-f", "-"], input=manifest)
+    assert applied.returncode != 0
+    assert f"alice may not create pods in namespace {namespace}" in applied.stderr, applied.stderr
+    # Given the right to create pods herself, she may hand the job to the operator.
+    rules.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]})
+    rbac.replace_namespaced_role("jobs-only", namespace, {"metadata": {"name": "jobs-only"}, "rules": rules})
+    applied = kubectl(["apply", "--as=alice", "-n", namespace, "-f", "-"], input=manifest)
+    assert applied.returncode == 0, applied.stderr
+    _custom(kube).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "alice")

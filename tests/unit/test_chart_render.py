@@ -14,6 +14,8 @@ import pytest
 import yaml
 from cryptography import x509
 
+from verl_operator.policy import AdminPolicy
+
 CHART = Path(__file__).resolve().parents[2] / "charts" / "verl-operator"
 #: The cluster version the renders below name explicitly, so they do not depend on the helm build.
 KUBE_VERSION = "v1.34.0"
@@ -108,6 +110,7 @@ def test_defaults_render_a_cluster_wide_install(helm: str) -> None:
             "Service",  # webhook
             "Service",  # metrics
             "Secret",  # webhook TLS
+            "ConfigMap",  # admission policy
             "ValidatingWebhookConfiguration",
         ]
     )
@@ -213,16 +216,19 @@ def test_namespace_mode_renders_roles_not_a_cluster_wide_grant(helm: str) -> Non
     for role in roles:
         resources = {res for rule in role["rules"] for res in rule["resources"]}
         assert {"verljobs", "verljobs/status", "pods", "configmaps", "services", "events"} <= resources
-    # Only read access to cluster-scoped objects stays in the ClusterRole (kopf follows the namespaces).
+    # Only read access to cluster-scoped objects stays in the ClusterRole (kopf follows the namespaces), and
+    # the webhook's SubjectAccessReviews (create only: they read nothing).
     cluster_role = one(objects, "ClusterRole")
     assert sorted(res for rule in cluster_role["rules"] for res in rule["resources"]) == [
         "customresourcedefinitions",
         "namespaces",
         "nodes",
         "priorityclasses",
+        "subjectaccessreviews",
     ]
     for rule in cluster_role["rules"]:
-        assert rule["verbs"] == ["get", "list", "watch"]
+        expected = ["create"] if rule["resources"] == ["subjectaccessreviews"] else ["get", "list", "watch"]
+        assert rule["verbs"] == expected
     webhook = one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
     assert webhook["namespaceSelector"]["matchExpressions"] == [
         {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
@@ -244,6 +250,7 @@ def test_cluster_wide_mode_renders_no_role(helm: str) -> None:
         "serviceaccounts",
         "configmaps",
         "events",
+        "subjectaccessreviews",
     }
     assert "namespaceSelector" not in one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
 
@@ -526,3 +533,28 @@ def test_pinned_helm_assumes_a_current_kubernetes_without_a_cluster(helm: str) -
     assert "kind: Deployment" in proc.stdout
     lint = run_helm(helm, "lint", "--strict", str(CHART))
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+# The chart: values -> ConfigMap -> the operator's --policy-file.
+
+
+def test_chart_policy_configmap_holds_the_default_policy(helm: str) -> None:
+    objects = render(helm)
+    config = next(
+        o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-policy")
+    )
+    assert AdminPolicy.model_validate(yaml.safe_load(config["data"]["policy.yaml"])) == AdminPolicy()
+    assert "--policy-file=/etc/verl-operator/policy/policy.yaml" in container(objects)["command"]
+    deployment = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "policy", "configMap": {"name": config["metadata"]["name"]}} in deployment["volumes"]
+
+
+def test_chart_policy_values_reach_the_file_and_the_rbac(helm: str) -> None:
+    objects = render(helm, "policy.allowedVolumeTypes={hostPath}", "policy.requirePodCreatePermission=false")
+    config = next(
+        o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-policy")
+    )
+    policy = AdminPolicy.model_validate(yaml.safe_load(config["data"]["policy.yaml"]))
+    assert policy.allowed_volume_types == ("hostPath",) and not policy.require_pod_create_permission
+    assert ("authorization.k8s.io", "subjectaccessreviews", "create") not in granted(objects)
+    assert ("authorization.k8s.io", "subjectaccessreviews", "create") in granted(render(helm))

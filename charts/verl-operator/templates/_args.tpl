@@ -23,6 +23,9 @@ settings. The webhook configuration object is owned by the chart, so the operato
 - --webhook-cert=/etc/verl-operator/webhook/tls.crt
 - --webhook-key=/etc/verl-operator/webhook/tls.key
 {{- end }}
+{{- if .Values.webhook.enabled }}
+- --policy-file=/etc/verl-operator/policy/policy.yaml
+{{- end }}
 {{- /* Ray pods of jobs with `verl.launcher: inject` copy the launcher from this same image. */}}
 - {{ printf "--launcher-image=%s" (include "verl-operator.image" .) | quote }}
 {{- range .Values.extraArgs }}

@@ -112,6 +112,9 @@ to follow them (without the grant it retries for a while, then assumes they exis
 {{- if .Values.watchNamespaces }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "namespaces") "verbs" (list "get" "list" "watch")) }}
 {{- end }}
+{{- if and .Values.webhook.enabled .Values.policy.requirePodCreatePermission }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "authorization.k8s.io") "resources" (list "subjectaccessreviews") "verbs" (list "create")) }}
+{{- end }}
 {{- end }}
 
 {{/*

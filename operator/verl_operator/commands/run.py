@@ -63,6 +63,11 @@ def add_parser(subparsers: Any) -> None:
         "--workers", type=int, default=4, help="jobs reconciled at once (placements stay one at a time)"
     )
     p.add_argument(
+        "--policy-file",
+        default=None,
+        help="admission policy YAML for the pass-through fields (default: the built-in policy; docs/operator.md)",
+    )
+    p.add_argument(
         "--launcher-image",
         help=f"this operator's image: Ray pods copy verl-launcher from it (default ${LAUNCHER_IMAGE_ENV})",
     )
@@ -85,6 +90,13 @@ def run(args: argparse.Namespace) -> int:
         os.environ["KUBECONFIG"] = str(Path(args.kubeconfig).resolve())
     if bool(args.webhook_cert) != bool(args.webhook_key):
         raise SystemExit("--webhook-cert and --webhook-key go together")
+    if args.policy_file:
+        from verl_operator.policy import PolicyError, load_policy
+
+        try:
+            load_policy(args.policy_file)
+        except PolicyError as exc:
+            raise SystemExit(f"error: {exc}") from exc
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="verl-operator-"))
     config.CONFIG[0] = config.RunConfig(
         kubeconfig=args.kubeconfig,
@@ -100,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         workers=max(1, args.workers),
         workdir=workdir,
         launcher_image=args.launcher_image or os.environ.get(LAUNCHER_IMAGE_ENV) or None,
+        policy_file=args.policy_file,
     )
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -27,6 +27,7 @@ class RunConfig:
         workdir: Directory for generated files (the self-signed certificate).
         launcher_image: The operator's own image: Ray pods of jobs with ``verl.launcher: inject`` copy the
             launcher from it (None: they run ``verl-launcher`` from the job's image).
+        policy_file: The administrator's admission policy (YAML, ``verl_operator.policy``); None: the defaults.
     """
 
     kubeconfig: str | None = None
@@ -42,6 +43,7 @@ class RunConfig:
     workers: int = 4
     workdir: Path = Path(".verl-operator")
     launcher_image: str | None = None
+    policy_file: str | None = None
 
 
 CONFIG: list[RunConfig] = [RunConfig()]

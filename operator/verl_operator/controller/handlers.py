@@ -21,12 +21,20 @@ from verl_operator.controller.cache import CachedKube
 from verl_operator.controller.config import current
 from verl_operator.controller.reconcile import JobReconciler
 from verl_operator.controller.runtime import RUNTIME
-from verl_operator.controller.webhook import admission_problems, write_self_signed
+from verl_operator.controller.webhook import (
+    PolicySource,
+    admission_problems,
+    pod_permission_problems,
+    write_self_signed,
+)
 from verl_operator.controller.webhook_server import WebhookServer
 from verl_operator.manifests.names import LABEL_JOB
+from verl_operator.policy import PolicyError
 
 log = logging.getLogger("verl_operator.handlers")
 _TASKS: list[asyncio.Task[None]] = []
+_API: list[client.ApiClient] = []  # the operator's API client, for the webhook's SubjectAccessReviews
+_POLICY = PolicySource()
 
 
 @kopf.index("v1", "nodes")
@@ -108,10 +116,26 @@ async def node_event(type: str | None, name: str, **_: Any) -> None:
             RUNTIME.enqueue(key)
 
 
-def validate_job(spec: kopf.Spec, old: kopf.Body | None, **_: Any) -> None:
-    """Deny a VerlJob that the API models or the planner reject; the message lists every violation."""
+def validate_job(
+    spec: kopf.Spec,
+    old: kopf.Body | None,
+    namespace: str | None = None,
+    userinfo: Any = None,
+    **_: Any,
+) -> None:
+    """Deny a VerlJob that the API models, the admission policy or the planner reject; the message lists every
+    violation."""
     old_spec = dict(old.get("spec") or {}) if old is not None else None
-    problems = admission_problems(dict(spec), old_spec, RUNTIME.cache.node_list())
+    try:
+        policy = _POLICY.get(current().policy_file)
+    except PolicyError as exc:
+        raise kopf.AdmissionError(
+            f"VerlJob rejected:\n- spec: the admission policy is unusable: {exc}", code=422
+        ) from exc
+    problems = admission_problems(dict(spec), old_spec, RUNTIME.cache.node_list(), policy=policy)
+    changed = old_spec is None or old_spec != dict(spec)
+    if not problems and changed and policy.require_pod_create_permission and _API and userinfo:
+        problems = pod_permission_problems(_API[0], dict(userinfo), namespace or "default")
     if problems:
         metrics.ADMISSION_DENIALS.inc()
         raise kopf.AdmissionError("VerlJob rejected:\n" + "\n".join(f"- {p}" for p in problems), code=422)
@@ -160,6 +184,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         )
         settings.admission.managed = cfg.webhook_managed
     api = _client_from(cfg.kubeconfig)
+    _API.append(api)
     cache = RUNTIME.cache
     reconciler = JobReconciler(CachedKube(api, cache), cache.snapshot, node_facts=cache.facts_of)
     _TASKS.append(asyncio.create_task(RUNTIME.run(reconciler, cfg.resync_seconds, cfg.workers)))

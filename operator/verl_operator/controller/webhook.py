@@ -22,6 +22,7 @@ from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner import plan_job
 from verl_operator.planner.budget import Budget
 from verl_operator.planner.facts import NodeFacts
+from verl_operator.policy import AdminPolicy, PolicyError, access_review, load_policy, policy_problems
 
 LOG = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ def admission_problems(
     old_spec: Mapping[str, Any] | None,
     nodes: Sequence[Mapping[str, Any] | NodeFacts],
     clock: Callable[[], float] = time.monotonic,
+    policy: AdminPolicy | None = None,
 ) -> list[str]:
     """Why a VerlJob must be denied (empty: admit).
 
@@ -49,12 +51,13 @@ def admission_problems(
         old_spec: The old ``spec`` on UPDATE, else None.
         nodes: The cluster's Node objects, or their facts (the operator keeps them per Node).
         clock: A monotonic clock in seconds (for the planning deadline).
+        policy: The administrator's policy for the pass-through fields (default: ``AdminPolicy()``).
 
     Returns:
         One line per problem: ``field: message (suggestions: ...)`` (:meth:`Violation.one_line`).
     """
     try:
-        return _problems(spec, old_spec, nodes, clock)
+        return _problems(spec, old_spec, nodes, clock, policy or AdminPolicy())
     except Exception as exc:  # the last line of defence: a denial that says why, never an HTTP 500
         LOG.exception("admission check failed")
         return [f"spec: the operator could not check this spec ({type(exc).__name__}: {str(exc)[:200]})"]
@@ -65,6 +68,7 @@ def _problems(
     old_spec: Mapping[str, Any] | None,
     nodes: Sequence[Mapping[str, Any] | NodeFacts],
     clock: Callable[[], float],
+    policy: AdminPolicy,
 ) -> list[str]:
     plain = json.loads(json.dumps(dict(spec or {})))  # plain types (kopf hands in mapping views)
     if old_spec is not None and _without_suspend(old_spec) == _without_suspend(plain):
@@ -73,11 +77,57 @@ def _problems(
         parsed = VerlJobSpec.model_validate(plain)
     except ValidationError as exc:
         return validation_lines(exc)
+    denied = policy_problems(parsed, policy)
     budget = Budget(clock=clock, deadline=clock() + PLAN_SECONDS)
     result = plan_job(parsed, list(nodes), budget=budget)
     if result.feasible:
+        return denied
+    return denied + [v.one_line() for v in result.violations]
+
+
+class PolicySource:
+    """The admission policy of ``path``, read again when the file changes (a mounted ConfigMap is updated in
+    place by the kubelet); the defaults when ``path`` is None."""
+
+    def __init__(self) -> None:
+        self._cache: tuple[str | None, float, AdminPolicy] | None = None
+
+    def get(self, path: str | None) -> AdminPolicy:
+        """The current policy.
+
+        Raises:
+            PolicyError: the file cannot be read or does not validate (admission then fails closed).
+        """
+        if path is None:
+            return AdminPolicy()
+        try:
+            mtime = Path(path).stat().st_mtime
+        except OSError as exc:
+            raise PolicyError(f"cannot read the policy {path}: {exc.strerror or exc}") from exc
+        if self._cache is None or self._cache[:2] != (path, mtime):
+            self._cache = (path, mtime, load_policy(path))
+        return self._cache[2]
+
+
+def pod_permission_problems(api: Any, user: Mapping[str, Any], namespace: str) -> list[str]:
+    """Empty when ``user`` may create pods in ``namespace`` (a SubjectAccessReview), else the denial."""
+    from kubernetes import client
+
+    who = user.get("username") or "the requesting user"
+    try:
+        body: Any = access_review(user, namespace)
+        review = client.AuthorizationV1Api(api).create_subject_access_review(body)
+    except Exception as exc:  # fail closed, with the reason, never an HTTP 500
+        LOG.warning("SubjectAccessReview failed: %s", exc)
+        return [
+            f"spec: cannot check whether {who} may create pods in namespace {namespace}: {str(exc)[:200]}"
+        ]
+    if review.status is not None and review.status.allowed:
         return []
-    return [v.one_line() for v in result.violations]
+    return [
+        f"spec: {who} may not create pods in namespace {namespace}, and a VerlJob makes the operator create "
+        "pods on its behalf (policy requirePodCreatePermission)"
+    ]
 
 
 def _without_suspend(spec: Mapping[str, Any]) -> dict[str, Any]:
