@@ -138,6 +138,27 @@ def _phase(kube: client.ApiClient, namespace: str, name: str) -> str | None:
     return (obj.get("status") or {}).get("phase")
 
 
+def _wait_phase(kube: client.ApiClient, namespace: str, name: str, phase: str, timeout: float = 60) -> None:
+    """Wait for ``phase``; on timeout the assertion shows the job's status (phase, reason, message)."""
+
+    def probe() -> bool | str:
+        obj: Any = _custom(kube).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        status = obj.get("status") or {}
+        return (
+            status.get("phase") == phase
+            or f"{status.get('phase')} {status.get('reason')}: {status.get('message')}"
+        )
+
+    last: bool | str = ""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        last = probe()
+        if last is True:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{name} not {phase} after {timeout:.0f}s: {last}")
+
+
 def _patch(kube: client.ApiClient, namespace: str, name: str, spec: dict[str, Any]) -> ApiException | None:
     try:
         _custom(kube).patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"spec": spec})
@@ -153,7 +174,7 @@ def running(
     """A job of the session's cluster in phase Running: ``(namespace, name)``; deleted after the test."""
     applied = kubectl(["apply", "-n", namespace, "-f", "-"], input=json.dumps(job("live")))
     assert applied.returncode == 0, applied.stderr
-    wait_for(lambda: _phase(kube, namespace, "live") == "Running", "live Running", 60)
+    _wait_phase(kube, namespace, "live", "Running")
     yield namespace, "live"
     _custom(kube).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "live")
     core = client.CoreV1Api(kube)
@@ -191,9 +212,9 @@ def test_suspend_with_garbage_is_refused_and_a_clean_suspend_then_change_works(
     assert _phase(kube, namespace, name) == "Running"
     # Suspending together with a valid change is the documented way to change a running job.
     assert _patch(kube, namespace, name, {"suspend": True, "data": {"trainBatchSize": 128}}) is None
-    wait_for(lambda: _phase(kube, namespace, name) == "Suspended", "Suspended", 30)
+    _wait_phase(kube, namespace, name, "Suspended", 30)
     assert _patch(kube, namespace, name, {"suspend": False}) is None
-    wait_for(lambda: _phase(kube, namespace, name) == "Running", "Running again", 60)
+    _wait_phase(kube, namespace, name, "Running")
     obj: Any = _custom(kube).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
     assert obj["status"]["plan"]["batching"]["trainBatchSize"] == 128
 
@@ -237,7 +258,7 @@ def test_ray_pods_pass_pod_security_admission(
 ) -> None:
     applied = kubectl(["apply", "-n", enforcing, "-f", "-"], input=json.dumps(job("psa", security=security)))
     assert applied.returncode == 0, applied.stderr
-    wait_for(lambda: _phase(kube, enforcing, "psa") == "Running", "psa Running", 60)
+    _wait_phase(kube, enforcing, "psa", "Running", 90)
     core = client.CoreV1Api(kube)
     [pod] = core.list_namespaced_pod(enforcing, label_selector="verl-operator.io/job=psa").items
     assert pod.spec.service_account_name == "psa-ray" and pod.spec.automount_service_account_token is False
