@@ -63,6 +63,7 @@ def main() -> int:
     outcomes: collections.Counter[str] = collections.Counter()
     timings: list[float] = []
     worst: list[tuple[float, Any]] = []
+    unexpected: list[tuple[Any, str]] = []
 
     @seed(args.seed)
     @settings(
@@ -77,7 +78,10 @@ def main() -> int:
         problems = admission_problems(spec, None, NODES)
         elapsed = time.perf_counter() - started
         timings.append(elapsed)
-        outcomes[classify(problems)] += 1
+        outcome = classify(problems)
+        outcomes[outcome] += 1
+        if outcome == "UNEXPECTED" and len(unexpected) < 3:
+            unexpected.append((spec, problems[0]))
         worst.append((elapsed, spec))
         worst.sort(key=lambda t: -t[0])
         del worst[3:]
@@ -99,6 +103,8 @@ def main() -> int:
     )
     slow_ms, slow_spec = worst[0]
     print(f"  slowest: {slow_ms * 1000:.1f} ms: {json.dumps(slow_spec)[:300]}")
+    for spec, problem in unexpected:
+        print(f"  UNEXPECTED: {problem}\n    spec: {json.dumps(spec)[:600]}")
     return 1 if outcomes["UNEXPECTED"] else 0
 
 

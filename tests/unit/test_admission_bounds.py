@@ -158,6 +158,25 @@ def nested(depth: int) -> Any:
             "spec.resources.shmSize: String should match pattern",
             id="shm-infinite",
         ),
+        # Found by the fuzz run: a shape whose head dimension rounds to 0 divided by zero in the KV estimate.
+        pytest.param(
+            spec(
+                model={
+                    "path": "my-org/tiny",
+                    "shape": {
+                        "layers": 2,
+                        "hiddenSize": 3,
+                        "attentionHeads": 14,
+                        "kvHeads": 2,
+                        "intermediateSize": 8,
+                        "vocabSize": 100,
+                        "maxPositionEmbeddings": 4096,
+                    },
+                }
+            ),
+            "spec.model.shape.hiddenSize: hiddenSize 3 / attentionHeads 14 = 0",
+            id="head-dim-zero",
+        ),
         # Deep nesting inside a pass-through object.
         pytest.param(
             spec(env=[{"name": "X", "value": "1", "extra": nested(5000)}]),

@@ -187,7 +187,7 @@ def estimate(m: MemoryInputs) -> Estimate:
     vllm_acts = m.max_num_batched_tokens * a / m.rollout_tp + m.max_num_seqs * vocab * 4
     kv = budget - weights_rollout - vllm_acts - VLLM_CUDA_GRAPH_BYTES
     per_token = kv_bytes_per_token(shape, m.rollout_tp)
-    kv_tokens = int(kv // per_token) if kv > 0 else 0
+    kv_tokens = int(kv // per_token) if kv > 0 and per_token > 0 else 0
     return Estimate(
         rollout=rollout, train=train, log_prob=log_prob, kv_cache_bytes=kv, kv_cache_tokens=kv_tokens
     )

@@ -111,6 +111,16 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
 def _model_facts(path: str, shape: ModelShape | None, shape_field: str) -> ModelFacts | Violation:
     """The model at ``path``: ``shape`` when given, else the built-in catalog's entry."""
     entry = catalog.lookup(path)
+    if shape is not None and shape.effective_head_dim < 1:
+        return Violation(
+            field=f"{shape_field}.hiddenSize",
+            rule="model-shape",
+            message=(
+                f"hiddenSize {shape.hidden_size} / attentionHeads {shape.attention_heads} = "
+                f"{shape.effective_head_dim}: the model's head dimension must be at least 1"
+            ),
+            suggestions=[f"set {shape_field}.headDim, or copy hiddenSize from the model's config.json"],
+        )
     if shape is not None:
         return ModelFacts(path, shape, catalog.count_params(shape)[0])
     if entry is not None:
