@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
 import json
@@ -119,9 +120,10 @@ def pod_permission_problems(api: Any, user: Mapping[str, Any], namespace: str) -
         review = client.AuthorizationV1Api(api).create_subject_access_review(body)
     except Exception as exc:  # fail closed, with the reason, never an HTTP 500
         LOG.warning("SubjectAccessReview failed: %s", exc)
-        return [
-            f"spec: cannot check whether {who} may create pods in namespace {namespace}: {str(exc)[:200]}"
-        ]
+        reason = str(exc)
+        with contextlib.suppress(TypeError, ValueError, AttributeError):
+            reason = str(json.loads(getattr(exc, "body", "")).get("message") or reason)
+        return [f"spec: cannot check whether {who} may create pods in namespace {namespace}: {reason[:300]}"]
     if review.status is not None and review.status.allowed:
         return []
     return [
