@@ -337,3 +337,40 @@ def test_a_user_who_may_not_create_pods_may_not_create_a_verljob(
     applied = kubectl(["apply", "--as=alice", "-n", namespace, "-f", "-"], input=manifest)
     assert applied.returncode == 0, applied.stderr
     _custom(kube).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "alice")
+
+
+# ---- the server-side dry run of the pods at admission ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("manifest", "fragment"),
+    [
+        pytest.param(
+            job("dupvol", volumes=[{"name": "dshm", "emptyDir": {}}]),
+            'spec.volumes[2].name: Duplicate value: "dshm"',
+            id="volume-named-like-a-built-in",
+        ),
+        pytest.param(
+            job("nomount", volumeMounts=[{"name": "data", "mountPath": "/data"}]),
+            'volumeMounts[2].name: Not found: "data"',
+            id="mount-of-a-missing-volume",
+        ),
+    ],
+)
+def test_the_api_server_judges_the_pods_at_apply(
+    operator: LocalOperator, kubectl: Any, namespace: str, manifest: dict[str, Any], fragment: str
+) -> None:
+    applied = kubectl(["apply", "-n", namespace, "-f", "-"], input=json.dumps(manifest))
+    assert applied.returncode != 0
+    assert "the API server refuses the job's Ray pods" in applied.stderr and fragment in applied.stderr, (
+        applied.stderr
+    )
+
+
+@pytest.mark.parametrize("enforcing", ["restricted"], indirect=True)
+def test_pod_security_refuses_a_root_job_at_apply(
+    operator: LocalOperator, kubectl: Any, enforcing: str
+) -> None:
+    applied = kubectl(["apply", "-n", enforcing, "-f", "-"], input=json.dumps(job("rootful")))
+    assert applied.returncode != 0
+    assert 'violates PodSecurity "restricted:latest"' in applied.stderr and "runAsNonRoot" in applied.stderr

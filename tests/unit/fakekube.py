@@ -14,6 +14,7 @@ from typing import Any
 
 from verl_operator.controller.kube import MissingAPIError
 from verl_operator.controller.queue import Priorities, waiting_entry
+from verl_operator.controller.refused import ChildRefused
 from verl_operator.controller.snapshot import Snapshot, pod_usage_entry
 from verl_operator.manifests.names import LABEL_JOB
 
@@ -41,6 +42,8 @@ class FakeKube:
     served_kinds: frozenset[str] = frozenset({"Pod", "ConfigMap", "Service", "ServiceAccount"})
     #: PriorityClass name -> value (the queue's order).
     priority_classes: dict[str, int] = field(default_factory=dict)
+    #: When set, every pod create is refused (403) with this message, as Pod Security admission does.
+    refuse_pods: str | None = None
 
     # ---- reads -------------------------------------------------------------------------------------
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -71,6 +74,8 @@ class FakeKube:
         key = (kind, str(manifest["metadata"]["namespace"]), str(manifest["metadata"]["name"]))
         if key in self.objects:
             return False
+        if kind == "Pod" and self.refuse_pods is not None:
+            raise ChildRefused(kind, key[2], 403, self.refuse_pods)
         body = copy.deepcopy(dict(manifest))
         if kind == "Pod":
             body["metadata"]["uid"] = f"uid-{key[2]}"

@@ -27,6 +27,7 @@ from verl_operator.api.spec import GROUP, PLURAL, VERSION
 from verl_operator.api.status import ACTIVE_PHASES
 from verl_operator.controller.kube import Kube
 from verl_operator.controller.queue import Priorities, Rank, Waiting, rank, waiting_entry
+from verl_operator.controller.refused import refusal
 from verl_operator.controller.snapshot import Snapshot, node_capacity, pod_usage_entry
 from verl_operator.manifests.names import LABEL_JOB
 from verl_operator.placement import NodeCapacity
@@ -304,6 +305,9 @@ class CachedKube(Kube):
         except ApiException as exc:
             if exc.status == 409:
                 return False
+            refused = refusal(exc, manifest)
+            if refused is not None:
+                raise refused from exc
             raise
         self.cache.put_pod(self.api.sanitize_for_serialization(created))  # type: ignore[no-untyped-call]
         return True

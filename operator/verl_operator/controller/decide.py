@@ -22,6 +22,7 @@ from verl_operator.api.status import FINISHED_PHASES, VerlJobStatus
 from verl_operator.controller.assess import pod_phase
 from verl_operator.controller.pipeline import Planned, plan_and_place
 from verl_operator.controller.queue import ahead_of, rank
+from verl_operator.controller.refused import ChildRefused
 from verl_operator.controller.running import run
 from verl_operator.controller.snapshot import Snapshot
 from verl_operator.controller.status import condition, format_time, merge_conditions, parse_time
@@ -79,8 +80,50 @@ def decide(seen: Observed) -> Transition:
     if spec.suspend:
         return suspend(seen)
     if not seen.status.placed:
+        if refused_for_this_generation(seen):
+            return Transition()  # the API server refused these pods: wait for a spec change
         return place_job(seen, spec)
     return run(seen, spec)
+
+
+def refused_for_this_generation(seen: Observed) -> bool:
+    """The API server refused this generation's pods (:func:`children_refused`): placing again cannot help."""
+    status = seen.status
+    return (
+        status.phase == "Invalid"
+        and status.reason == "PodsRefused"
+        and status.observed_generation == seen.generation
+    )
+
+
+def children_refused(seen: Observed, exc: ChildRefused) -> Transition:
+    """The API server refused a child for good (its schema, Pod Security, a quota): ``Invalid`` with the API
+    server's message (``Valid=False``, ``Stalled``, a Warning event), every pod of the attempt deleted and the
+    reservation released, so the job holds no GPUs; it is placed again once its spec changes."""
+    text = str(exc)
+    old, gen, now = seen.status, seen.generation, seen.stamp
+    new = advance(
+        old,
+        generation=gen,
+        now=now,
+        phase="Invalid",
+        reason="PodsRefused",
+        message=text,
+        conditions=[
+            condition("Valid", False, "PodsRefused", text, gen, now),
+            condition("Placed", False, "PodsRefused", text, gen, now),
+        ],
+        changes={
+            "placement": None,
+            "nodes": "",
+            "attempt": old.attempt + 1 if old.placement else old.attempt,
+        },
+    )
+    doomed = tuple(
+        str(p["metadata"]["name"]) for p in seen.pods if not p["metadata"].get("deletionTimestamp")
+    )
+    event = on_change(old, new, Event("Warning", "PodsRefused", text))
+    return Transition(status=new, event=event, delete=doomed, unreserve=True)
 
 
 def release_orphans(name: str, pods: Sequence[Mapping[str, Any]]) -> Transition:

@@ -19,11 +19,12 @@ from verl_operator.api.spec import GROUP, PLURAL, VERSION
 from verl_operator.controller import metrics
 from verl_operator.controller.cache import CachedKube
 from verl_operator.controller.config import current
+from verl_operator.controller.dryrun import dry_run_pod, dry_run_problems
 from verl_operator.controller.reconcile import JobReconciler
 from verl_operator.controller.runtime import RUNTIME
 from verl_operator.controller.webhook import (
     PolicySource,
-    admission_problems,
+    check_admission,
     pod_permission_problems,
     write_self_signed,
 )
@@ -119,12 +120,13 @@ async def node_event(type: str | None, name: str, **_: Any) -> None:
 def validate_job(
     spec: kopf.Spec,
     old: kopf.Body | None,
+    name: str | None = None,
     namespace: str | None = None,
     userinfo: Any = None,
     **_: Any,
 ) -> None:
-    """Deny a VerlJob that the API models, the admission policy or the planner reject; the message lists every
-    violation."""
+    """Deny a VerlJob that the API models, the admission policy, the planner or a dry run of its pods reject;
+    the message lists every violation."""
     old_spec = dict(old.get("spec") or {}) if old is not None else None
     try:
         policy = _POLICY.get(current().policy_file)
@@ -132,10 +134,14 @@ def validate_job(
         raise kopf.AdmissionError(
             f"VerlJob rejected:\n- spec: the admission policy is unusable: {exc}", code=422
         ) from exc
-    problems = admission_problems(dict(spec), old_spec, RUNTIME.cache.node_list(), policy=policy)
+    checked = check_admission(dict(spec), old_spec, RUNTIME.cache.node_list(), policy=policy)
+    problems, ns = checked.problems, namespace or "default"
     changed = old_spec is None or old_spec != dict(spec)
     if not problems and changed and policy.require_pod_create_permission and _API and userinfo:
-        problems = pod_permission_problems(_API[0], dict(userinfo), namespace or "default")
+        problems = pod_permission_problems(_API[0], dict(userinfo), ns)
+    if not problems and _API and checked.spec is not None and checked.plan is not None:
+        pod = dry_run_pod(name or "dry-run", ns, checked.spec, checked.plan, current().launcher_image)
+        problems = dry_run_problems(_API[0], pod)
     if problems:
         metrics.ADMISSION_DENIALS.inc()
         raise kopf.AdmissionError("VerlJob rejected:\n" + "\n".join(f"- {p}" for p in problems), code=422)

@@ -12,6 +12,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from verl_operator.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from verl_operator.controller.refused import refusal
 from verl_operator.manifests.names import LABEL_JOB
 
 COMPONENT = "verl-operator"
@@ -137,6 +138,9 @@ class Kube:
                 raise MissingAPIError(
                     f"{manifest['apiVersion']} PodGroup is not served: is Volcano installed?"
                 ) from exc
+            refused = refusal(exc, manifest)
+            if refused is not None:
+                raise refused from exc
             raise
         return True
 

@@ -17,8 +17,15 @@ from typing import Any
 
 from verl_operator.api.status import VerlJobStatus, parse_status
 from verl_operator.controller import config, metrics
-from verl_operator.controller.decide import Observed, decide, release_orphans, scheduler_unavailable
+from verl_operator.controller.decide import (
+    Observed,
+    children_refused,
+    decide,
+    release_orphans,
+    scheduler_unavailable,
+)
 from verl_operator.controller.kube import KubeAPI, MissingAPIError
+from verl_operator.controller.refused import ChildRefused
 from verl_operator.controller.snapshot import Reservations, Snapshot
 from verl_operator.controller.status import merge_patch
 from verl_operator.controller.transition import Transition
@@ -110,6 +117,10 @@ class JobReconciler:
                 self.apply(namespace, job, status, transition)
             except MissingAPIError as exc:
                 self.apply(namespace, job, status, scheduler_unavailable(seen, exc))
+                return
+            except ChildRefused as exc:
+                log.warning("%s/%s: %s", namespace, job["metadata"]["name"], exc)
+                self.apply(namespace, job, status, children_refused(seen, exc))
                 return
             if not transition.recheck:
                 return

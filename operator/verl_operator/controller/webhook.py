@@ -9,6 +9,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,33 +58,61 @@ def admission_problems(
     Returns:
         One line per problem: ``field: message (suggestions: ...)`` (:meth:`Violation.one_line`).
     """
+    return check_admission(spec, old_spec, nodes, clock, policy).problems
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The outcome of the admission checks.
+
+    Attributes:
+        problems: Why to deny (empty: admit).
+        spec: The parsed spec, when it was planned.
+        plan: The feasible plan (camelCase, as in ``status.plan``), for the dry run of the pods.
+    """
+
+    problems: list[str]
+    spec: VerlJobSpec | None = None
+    plan: dict[str, Any] | None = None
+
+
+def check_admission(
+    spec: Mapping[str, Any] | None,
+    old_spec: Mapping[str, Any] | None,
+    nodes: Sequence[Mapping[str, Any] | NodeFacts],
+    clock: Callable[[], float] = time.monotonic,
+    policy: AdminPolicy | None = None,
+) -> Admission:
+    """:func:`admission_problems` with the parsed spec and the plan of an admitted, planned spec."""
     try:
-        return _problems(spec, old_spec, nodes, clock, policy or AdminPolicy())
+        return _check(spec, old_spec, nodes, clock, policy or AdminPolicy())
     except Exception as exc:  # the last line of defence: a denial that says why, never an HTTP 500
         LOG.exception("admission check failed")
-        return [f"spec: the operator could not check this spec ({type(exc).__name__}: {str(exc)[:200]})"]
+        return Admission(
+            [f"spec: the operator could not check this spec ({type(exc).__name__}: {str(exc)[:200]})"]
+        )
 
 
-def _problems(
+def _check(
     spec: Mapping[str, Any] | None,
     old_spec: Mapping[str, Any] | None,
     nodes: Sequence[Mapping[str, Any] | NodeFacts],
     clock: Callable[[], float],
     policy: AdminPolicy,
-) -> list[str]:
+) -> Admission:
     plain = json.loads(json.dumps(dict(spec or {})))  # plain types (kopf hands in mapping views)
     if old_spec is not None and _without_suspend(old_spec) == _without_suspend(plain):
-        return []
+        return Admission([])
     try:
         parsed = VerlJobSpec.model_validate(plain)
     except ValidationError as exc:
-        return validation_lines(exc)
+        return Admission(validation_lines(exc))
     denied = policy_problems(parsed, policy)
     budget = Budget(clock=clock, deadline=clock() + PLAN_SECONDS)
     result = plan_job(parsed, list(nodes), budget=budget)
     if result.feasible:
-        return denied
-    return denied + [v.one_line() for v in result.violations]
+        return Admission(denied, parsed, result.to_json_dict()["plan"])
+    return Admission(denied + [v.one_line() for v in result.violations], parsed)
 
 
 class PolicySource:
