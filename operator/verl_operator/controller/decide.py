@@ -256,9 +256,49 @@ def _infeasible_status(
     return new, Event("Warning", "PlanInfeasible", text)
 
 
+#: Violations about today's cluster, not the spec: the job waits (``Pending``) until nodes come back or join.
+CAPACITY_RULES = frozenset({"not-enough-gpus", "no-eligible-nodes"})
+
+
+def _capacity_status(old: VerlJobStatus, outcome: Planned, gen: int, now: str) -> tuple[VerlJobStatus, Event]:
+    """No plan only because the cluster is too small or its nodes are gone today: ``Pending``, not Invalid."""
+    text = "; ".join(v.one_line() for v in outcome.violations)
+    conds = [
+        condition(
+            "Valid",
+            True,
+            "InsufficientCapacity",
+            "the spec is valid; the cluster lacks capacity now",
+            gen,
+            now,
+        ),
+        condition("Planned", False, "InsufficientCapacity", text, gen, now),
+        condition("Placed", False, "InsufficientCapacity", text, gen, now),
+    ]
+    new = advance(
+        old,
+        generation=gen,
+        now=now,
+        phase="Pending",
+        reason="InsufficientCapacity",
+        message=text,
+        conditions=conds,
+        changes={
+            "violations": list(outcome.violations),
+            "plan": None,
+            "mesh": "",
+            "placement": None,
+            "nodes": "",
+        },
+    )
+    return new, Event("Normal", "WaitingForCapacity", text)
+
+
 def _placed_status(old: VerlJobStatus, outcome: Planned, gen: int, now: str) -> tuple[VerlJobStatus, Event]:
     """The status and event of a planning outcome: Invalid, Pending (no capacity), or Starting."""
     if outcome.plan is None:
+        if outcome.violations and all(v.rule in CAPACITY_RULES for v in outcome.violations):
+            return _capacity_status(old, outcome, gen, now)
         return _infeasible_status(old, outcome, gen, now)
     mesh = outcome.mesh
     conds = [
