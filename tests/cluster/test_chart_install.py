@@ -524,8 +524,14 @@ def test_watch_namespace_mode_runs_a_job_with_a_role(
     assert any("pods" in rule["resources"] for rule in role["rules"])
     cluster_role = plain(kube, rbac.read_cluster_role(release.fullname))
     cluster_resources = {r for rule in cluster_role["rules"] for r in rule["resources"]}
-    # Cluster-scoped: reads of nodes, the CRD and namespaces, and the webhook's SubjectAccessReviews.
-    assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces", "subjectaccessreviews"}
+    # Cluster-scoped: reads of nodes, the CRD, namespaces and PriorityClasses; the webhook's SubjectAccessReviews.
+    assert cluster_resources == {
+        "nodes",
+        "customresourcedefinitions",
+        "namespaces",
+        "priorityclasses",
+        "subjectaccessreviews",
+    }
     tls_dir = write_webhook_tls(kube, release, tmp_path / "tls")
     kubeconfig = sa_kubeconfig(devcluster, kube, release, tmp_path / "operator.kubeconfig")
     operator = start_operator(
