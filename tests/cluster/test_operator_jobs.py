@@ -507,7 +507,8 @@ def admission_review(namespace: str, manifest: dict[str, Any]) -> dict[str, Any]
             "name": manifest["metadata"]["name"],
             "namespace": namespace,
             "operation": "CREATE",
-            "userInfo": {"username": "pytest"},
+            # An administrator: the policy's SubjectAccessReview asks whether the author may create pods.
+            "userInfo": {"username": "pytest", "groups": ["system:masters", "system:authenticated"]},
             "object": {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}},
             "oldObject": None,
             "dryRun": False,
