@@ -241,6 +241,25 @@ def planned() -> dict[str, Any]:
     return dict(result.to_json_dict()["plan"])
 
 
+def test_a_pending_job_without_a_plan_is_in_the_queue_with_its_spec(planned: dict[str, Any]) -> None:
+    job = body(planned)
+    del job["status"]["plan"]
+    entry = waiting_entry(job)
+    assert entry is not None and entry.request is None and entry.spec is not None
+    assert entry.spec.resources.gpus == 16
+
+
+def test_a_job_ahead_without_a_plan_is_planned_on_todays_nodes() -> None:
+    """A job that waited for nodes holds what it needs once today's nodes can host it again."""
+    cluster = nodes(5)
+    unplanned = Waiting(key="ns/victim", uid="victim", priority_class=None, created="", request=None)
+    big = PlacementRequest(nnodes=5, gpus_per_node=8)
+    assert hold_for([unplanned], cluster, {}).holders == ()  # nothing to plan it with: holds nothing
+    hold = hold_for([unplanned], cluster, {}, lambda w: big)
+    assert hold.holders == ("ns/victim",) and all(hold.used[n.name] == 8 for n in cluster)
+    assert hold_for([unplanned], cluster, {}, lambda w: None).holders == ()  # still no plan
+
+
 def test_a_pending_planned_job_is_in_the_queue(planned: dict[str, Any]) -> None:
     entry = waiting_entry(body(planned))
     assert entry is not None
@@ -254,7 +273,6 @@ def test_a_pending_planned_job_is_in_the_queue(planned: dict[str, Any]) -> None:
         pytest.param({"status": {"phase": "Starting"}}, id="placed"),
         pytest.param({"status": {"placement": {"attempt": 0, "nodes": ["gpu-0"]}}}, id="has-a-placement"),
         pytest.param({"status": {"phase": "Invalid"}}, id="invalid"),
-        pytest.param({"status": {"plan": None}}, id="not-planned"),
         pytest.param({"spec": {**SPEC, "suspend": True}}, id="suspended"),
         pytest.param({"spec": {**SPEC, "scheduling": {"queueName": "q"}}}, id="handed-to-kueue"),
         pytest.param({"spec": {**SPEC, "resources": {"gpus": "many"}}}, id="spec-does-not-parse"),

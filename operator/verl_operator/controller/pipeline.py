@@ -18,7 +18,7 @@ from verl_operator.controller.queue import Waiting, hold_for, queued_message
 from verl_operator.controller.snapshot import Snapshot, gpus_in_use
 from verl_operator.controller.status import mesh_string
 from verl_operator.manifests import LaunchPlan, build_children
-from verl_operator.placement import place, request_from_plan
+from verl_operator.placement import PlacementRequest, place, request_from_plan
 from verl_operator.planner import plan_job
 
 HANDOFF: dict[str, Handoff] = {"kueue": "Kueue", "volcano": "Volcano"}
@@ -85,7 +85,7 @@ def plan_and_place(
     request = request_from_plan(plan, spec)
     used = gpus_in_use(snapshot.pod_entries, reserved, exclude_job_uid=job_uid, live_jobs=snapshot.live_jobs)
     nodes = snapshot.node_capacities()
-    hold = hold_for(ahead, nodes, used)
+    hold = hold_for(ahead, nodes, used, lambda w: _request_today(w, snapshot))
     chosen = place(request, [n for n in nodes if n.name not in hold.held], hold.used)
     if not chosen.feasible:
         if hold.holders:
@@ -98,6 +98,14 @@ def plan_and_place(
         {"attempt": attempt, "gpusPerNode": request.gpus_per_node, **chosen.to_status()}
     )
     return Planned(plan=plan, placement=placement)
+
+
+def _request_today(waiting: Waiting, snapshot: Snapshot) -> PlacementRequest | None:
+    """The request of a queued job without a plan, planned on today's nodes (None: still no plan)."""
+    if waiting.spec is None:
+        return None
+    result = plan_job(waiting.spec, list(snapshot.nodes))
+    return request_from_plan(result.plan, waiting.spec) if result.plan is not None else None
 
 
 def children_of(

@@ -1,7 +1,8 @@
 """Queue order, pure: which waiting jobs come before a job, and what they hold for themselves.
 
-The queue is every VerlJob that has a plan and waits to be placed by the operator (phase ``Pending``, no
-placement, not suspended, not handed to Kueue or Volcano). Its order is the *rank*: the value of the
+The queue is every VerlJob that waits to be placed by the operator (phase ``Pending``, no placement, not
+suspended, not handed to Kueue or Volcano), with its plan, or without one when today's nodes cannot host it
+(it is planned again whenever a job behind it is placed). Its order is the *rank*: the value of the
 PriorityClass named by ``spec.scheduling.priorityClassName`` (higher first; no name: the value of the
 ``globalDefault`` PriorityClass, else 0; a name that does not exist: 0), then ``metadata.creationTimestamp``
 (older first), then ``<namespace>/<name>``.
@@ -20,7 +21,7 @@ once every job ahead that fits has been counted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,14 +67,17 @@ class Waiting:
         uid: ``metadata.uid``.
         priority_class: ``spec.scheduling.priorityClassName`` (None: unset).
         created: ``metadata.creationTimestamp`` (RFC 3339 in UTC, so text order is time order).
-        request: What it asks of the nodes (from its ``status.plan`` and spec).
+        request: What it asks of the nodes (from its ``status.plan`` and spec); None when it has no plan (it
+            waits for nodes: planned again when it comes up, see :func:`hold_for`).
+        spec: The parsed spec of a job without a plan (None otherwise).
     """
 
     key: str
     uid: str
     priority_class: str | None
     created: str
-    request: PlacementRequest
+    request: PlacementRequest | None
+    spec: VerlJobSpec | None = None
 
     def rank(self, priorities: Priorities) -> Rank:
         """The sort key of the queue: higher priority, then older, then the name."""
@@ -91,21 +95,20 @@ def waiting_entry(job: Mapping[str, Any]) -> Waiting | None:
     raw = job.get("status") or {}
     if meta.get("deletionTimestamp") or raw.get("phase") != "Pending" or raw.get("placement"):
         return None
-    if not raw.get("plan"):
-        return None
     try:
         spec = VerlJobSpec.model_validate(job.get("spec") or {})
     except ValidationError:
         return None
-    plan = parse_status(raw).plan
-    if plan is None or spec.suspend or spec.scheduling.gang != "builtin":
+    if spec.suspend or spec.scheduling.gang != "builtin":
         return None
+    plan = parse_status(raw).plan if raw.get("plan") else None
     return Waiting(
         key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
         uid=str(meta.get("uid", "")),
         priority_class=spec.scheduling.priority_class_name,
         created=str(meta.get("creationTimestamp") or ""),
-        request=request_from_plan(plan, spec),
+        request=request_from_plan(plan, spec) if plan is not None else None,
+        spec=spec if plan is None else None,
     )
 
 
@@ -135,13 +138,20 @@ def usable_nodes(request: PlacementRequest, nodes: Sequence[NodeCapacity]) -> se
     return {n.name for n in nodes if screen_node(request, n, 0) is None}
 
 
-def hold_for(ahead: Sequence[Waiting], nodes: Sequence[NodeCapacity], used: Mapping[str, int]) -> Hold:
+def hold_for(
+    ahead: Sequence[Waiting],
+    nodes: Sequence[NodeCapacity],
+    used: Mapping[str, int],
+    request_of: Callable[[Waiting], PlacementRequest | None] | None = None,
+) -> Hold:
     """Place the jobs ahead, in order, on a copy of the free GPUs (the backfill rule of the module docstring).
 
     Args:
         ahead: The jobs ranked before the job being placed, in rank order (:func:`ahead_of`).
         nodes: The cluster's nodes.
         used: GPUs in use or reserved per node now.
+        request_of: Plans a job ahead that has no plan (it waited for nodes) on today's nodes: its request,
+            or None when it still cannot be planned (it holds nothing). None: such jobs hold nothing.
 
     Returns:
         The GPUs and nodes the job being placed must leave alone.
@@ -153,15 +163,20 @@ def hold_for(ahead: Sequence[Waiting], nodes: Sequence[NodeCapacity], used: Mapp
         open_nodes = [n for n in nodes if n.name not in held]
         if not open_nodes:
             break
-        fit = place(waiting.request, open_nodes, taken)
+        request = waiting.request
+        if request is None and request_of is not None:
+            request = request_of(waiting)
+        if request is None:
+            continue  # no plan on today's nodes: it waits for nodes, holding none
+        fit = place(request, open_nodes, taken)
         if fit.feasible:
             for name in fit.nodes:
-                taken[name] = taken.get(name, 0) + waiting.request.gpus_per_node
+                taken[name] = taken.get(name, 0) + request.gpus_per_node
             holders.append(waiting.key)
             continue
-        if not place(waiting.request, nodes, {}).feasible:
+        if not place(request, nodes, {}).feasible:
             continue  # too large for today's nodes even when idle: it waits for nodes, holding none
-        usable = usable_nodes(waiting.request, nodes) - held
+        usable = usable_nodes(request, nodes) - held
         if usable:
             held |= usable
             holders.append(waiting.key)
