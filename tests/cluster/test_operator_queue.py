@@ -186,3 +186,36 @@ def test_a_notready_node_is_named_on_the_job_at_once(jobs: Jobs) -> None:
         lambda: (s := jobs.status("steady")).get("reason") == "AllPodsRunning" and s, "Running again", 15
     )
     assert status.get("restarts", 0) == 0 and status.get("attempt", 0) == 0
+
+
+def test_on_a_shrunken_cluster_the_job_and_nine_queued_jobs_stay_pending(
+    jobs: Jobs, devcluster: DevCluster
+) -> None:
+    """The issue's node loss: a Running 5-node job loses a node; nine queued 5-node jobs wait for it too.
+
+    On the shrunken cluster the job (restarted at once) and the nine wait in ``Pending`` with ``Valid=True``,
+    none ``Invalid``; when the node returns, the job runs again before any of the nine (it is the oldest).
+    """
+    everything = NODES * 8
+    assert jobs.apply(job("victim", everything, 8, resources=ONLY_THESE, backoffLimit=2)).returncode == 0
+    jobs.wait_phase("victim", "Running")
+    queued = [f"queued-{i}" for i in range(9)]
+    for name in queued:
+        assert jobs.apply(job(name, everything, 8, resources=ONLY_THESE)).returncode == 0
+    for name in queued:
+        jobs.wait_phase(name, "Pending")
+    node = jobs.status("victim")["placement"]["nodes"][-1]
+    jobs.core.delete_node(node)
+    try:
+        wait_for(lambda: jobs.status("victim").get("restarts") == 1, "victim restarted", 15)
+        time.sleep(2)  # several passes of every job on the shrunken cluster
+        for name in ["victim", *queued]:
+            status = jobs.status(name)
+            assert status.get("phase") == "Pending", (name, status)
+            valid = {c["type"]: c for c in status.get("conditions") or []}["Valid"]
+            assert valid["status"] == "True", (name, valid)
+            assert not [e for e in jobs.events(name) if e.reason == "PlanInfeasible"], name
+    finally:
+        devcluster.apply_profile(parse_profile(QUEUE_NODES))  # the node is back
+    jobs.wait_phase("victim", "Running", timeout=60)
+    assert all(jobs.phase(name) == "Pending" for name in queued)
