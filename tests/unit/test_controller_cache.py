@@ -346,3 +346,17 @@ def test_a_status_patch_of_a_job_deleted_meanwhile_is_dropped(code: int, raises:
             kube.patch_status("ns", "gone", {"phase": "Pending"})
     else:
         kube.patch_status("ns", "gone", {"phase": "Pending"})
+
+
+def test_cached_objects_leave_out_managed_fields() -> None:
+    cache = WatchCache()
+    pod = gpu_pod("p", "n1")
+    pod["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    job = verljob("j1", "Running", ("n1",))
+    job["metadata"]["managedFields"] = [{"manager": "verl-operator"}]
+    cache.put_pod(pod)
+    cache.put_job(job)
+    assert "managedFields" not in cache.job_pods("ns", "j1")[0]["metadata"]
+    assert "managedFields" not in cache.job("ns", "j1")["metadata"]  # type: ignore[index]
+    assert cache.job("ns", "j1")["metadata"]["uid"] == "uid-j1"  # type: ignore[index]
+    assert "managedFields" in pod["metadata"], "the watched object itself is not changed"

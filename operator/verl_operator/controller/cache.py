@@ -49,6 +49,13 @@ def _newer(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
     return a is None or b is None or a >= b
 
 
+def _kept(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of an object without ``metadata.managedFields`` (server-side apply bookkeeping that no
+    decision reads, and often the largest part of a pod or a VerlJob)."""
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    return copy.deepcopy({**dict(obj), "metadata": meta})
+
+
 def reservation(job: Mapping[str, Any]) -> tuple[str, tuple[str, ...], int] | None:
     """``(uid, nodes, gpus per node)`` of a placed, unfinished VerlJob, else None."""
     status = job.get("status") or {}
@@ -109,7 +116,7 @@ class WatchCache:
                 name = str(meta.get("name", ""))
                 if not _newer(pod, pods.get(name)):
                     return False
-                pods[name] = copy.deepcopy(dict(pod))
+                pods[name] = _kept(pod)
             before = self.gpu_entries.pop(uid, None)
             if entry is not None:
                 self.gpu_entries[uid] = entry
@@ -143,7 +150,7 @@ class WatchCache:
             old = self.jobs.get(key)
             if not _newer(job, old):
                 return False
-            self.jobs[key] = copy.deepcopy(dict(job))
+            self.jobs[key] = _kept(job)
             before = self.waiting.pop(key, None)
             if entry is not None:
                 self.waiting[key] = entry
