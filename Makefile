@@ -64,6 +64,7 @@ SCALE_ARGS ?=
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/bench_planner.py
 	$(BIN)/python bench/bench_placement.py
+	$(BIN)/python bench/bench_queue.py
 	$(BIN)/python bench/bench_launcher.py
 	$(BIN)/python bench/fuzz_admission.py
 	$(BIN)/python bench/bench_scale.py $(SCALE_ARGS)
