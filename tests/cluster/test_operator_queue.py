@@ -194,7 +194,7 @@ def test_on_a_shrunken_cluster_the_job_and_nine_queued_jobs_stay_pending(
     """The issue's node loss: a Running 5-node job loses a node; nine queued 5-node jobs wait for it too.
 
     On the shrunken cluster the job (restarted at once) and the nine wait in ``Pending`` with ``Valid=True``,
-    none ``Invalid``; when the node returns, the job runs again before any of the nine (it is the oldest).
+    none ``Invalid``; when the node returns, one of the ten runs again and the others wait.
     """
     everything = NODES * 8
     assert jobs.apply(job("victim", everything, 8, resources=ONLY_THESE, backoffLimit=2)).returncode == 0
@@ -217,5 +217,8 @@ def test_on_a_shrunken_cluster_the_job_and_nine_queued_jobs_stay_pending(
             assert not [e for e in jobs.events(name) if e.reason == "PlanInfeasible"], name
     finally:
         devcluster.apply_profile(parse_profile(QUEUE_NODES))  # the node is back
-    jobs.wait_phase("victim", "Running", timeout=60)
-    assert all(jobs.phase(name) == "Pending" for name in queued)
+    # The cluster holds one of the ten again: one runs, the others wait, none is Invalid.
+    names = ["victim", *queued]
+    wait_for(lambda: [n for n in names if jobs.phase(n) == "Running"], "one of the ten Running", 60)
+    phases = sorted(str(jobs.phase(n)) for n in names)
+    assert phases == ["Pending"] * 9 + ["Running"], phases

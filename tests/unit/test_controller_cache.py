@@ -360,3 +360,14 @@ def test_cached_objects_leave_out_managed_fields() -> None:
     assert "managedFields" not in cache.job("ns", "j1")["metadata"]  # type: ignore[index]
     assert cache.job("ns", "j1")["metadata"]["uid"] == "uid-j1"  # type: ignore[index]
     assert "managedFields" in pod["metadata"], "the watched object itself is not changed"
+
+
+def test_a_wake_is_kept_when_the_operators_own_write_stored_the_change_first() -> None:
+    cache = WatchCache()
+    cache.put_job(verljob("j1", "Running", ("n1",), rv=1))
+    assert cache.take_wake() is False
+    finished = verljob("j1", "Succeeded", ("n1",), rv=2)
+    assert cache.put_job(finished) is True  # the status write's response
+    assert cache.put_job(finished) is False  # its watch event: nothing new...
+    assert cache.take_wake() is True  # ...but the wake is still due, once
+    assert cache.take_wake() is False

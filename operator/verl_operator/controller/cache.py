@@ -77,6 +77,7 @@ class WatchCache:
         self.job_pods_by_job: dict[JobKey, dict[str, dict[str, Any]]] = {}
         self.jobs: dict[JobKey, dict[str, Any]] = {}
         self.waiting: dict[JobKey, Waiting] = {}
+        self.wake_due = False
         self.priority_values: dict[str, int] = {}
         self.priority_defaults: dict[str, int] = {}
         #: Node facts recomputed (a Node changed a fact) since start: the benchmark and the tests read it.
@@ -155,7 +156,19 @@ class WatchCache:
             if entry is not None:
                 self.waiting[key] = entry
             freed = old is not None and reservation(old) is not None and reservation(job) is None
-            return freed or (before is not None and before != entry)
+            changed = freed or (before is not None and before != entry)
+            self.wake_due = self.wake_due or changed
+            return changed
+
+    def take_wake(self) -> bool:
+        """True once after a :meth:`put_job` that freed GPUs or changed the queue, whoever stored the job.
+
+        The operator's own status write stores the job before its watch event arrives, so that event alone
+        would show no change: the watch handler asks this instead.
+        """
+        with self.lock:
+            due, self.wake_due = self.wake_due, False
+            return due
 
     def drop_job(self, key: JobKey) -> bool:
         """Forget a deleted VerlJob; True when it held a reservation or waited in the queue."""

@@ -64,7 +64,8 @@ async def gpu_pods(body: kopf.Body, **_: Any) -> dict[str, bool]:
 @kopf.index(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
 async def verl_jobs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], bool]:
     """Every VerlJob event: the object into the watch cache; a job that gave its GPUs back wakes waiting jobs."""
-    if RUNTIME.cache.put_job(body):
+    RUNTIME.cache.put_job(body)
+    if RUNTIME.cache.take_wake():  # also after the operator's own write of this job, stored before the event
         RUNTIME.capacity_changed()
     return {(namespace, name): True}
 
