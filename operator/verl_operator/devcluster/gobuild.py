@@ -50,8 +50,9 @@ def _run_go(argv: list[str], cwd: Path, env: dict[str, str], what: str) -> None:
         raise BinaryError(f"{what} failed (exit {done.returncode}) in {cwd}:\n{tail}")
 
 
-def _module_go_mod(go: str, module: str, version: str, env: dict[str, str]) -> str:
-    """Download ``module@version`` through the module proxy and return its go.mod text."""
+def module_download(go: str, module: str, version: str, env: dict[str, str], key: str) -> Path:
+    """Download ``module@version`` through the module proxy; the path ``go mod download -json`` reports
+    under ``key`` (``Dir``: the source in the module cache, ``GoMod``: its go.mod file)."""
     with tempfile.TemporaryDirectory(prefix="verl-operator-gomod-") as scratch:
         done = subprocess.run(
             [go, "mod", "download", "-json", f"{module}@{version}"],
@@ -64,9 +65,14 @@ def _module_go_mod(go: str, module: str, version: str, env: dict[str, str]) -> s
     if done.returncode != 0:
         raise BinaryError(f"go mod download {module}@{version} failed: {done.stdout}{done.stderr}".strip())
     info = json.loads(done.stdout)
-    if "GoMod" not in info:
-        raise BinaryError(f"go mod download {module}@{version}: {info.get('Error', 'no go.mod reported')}")
-    return Path(info["GoMod"]).read_text()
+    if key not in info:
+        raise BinaryError(f"go mod download {module}@{version}: {info.get('Error', f'no {key} reported')}")
+    return Path(info[key])
+
+
+def _module_go_mod(go: str, module: str, version: str, env: dict[str, str]) -> str:
+    """The go.mod text of ``module@version`` (downloaded through the module proxy)."""
+    return module_download(go, module, version, env, "GoMod").read_text()
 
 
 def _write_module(group: ToolGroup, workdir: Path, go: str, env: dict[str, str]) -> None:

@@ -9,13 +9,10 @@ completion marker); the CRDs are copied from ``config/crd/bases`` of the module'
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +20,8 @@ from typing import IO, Any
 
 import yaml
 
-from verl_operator.devcluster import binaries
+from verl_operator.devcluster import binaries, gobuild
+from verl_operator.devcluster.health import http_status
 from verl_operator.devcluster.locking import file_lock
 from verl_operator.devcluster.ports import pick_free_ports
 from verl_operator.devcluster.tools import KUBERAY, BinaryError, Progress, bin_dir
@@ -49,21 +47,7 @@ def _module_dir(env: dict[str, str]) -> Path:
     go = shutil.which("go")
     if go is None:
         raise BinaryError("the Go toolchain is needed to fetch KubeRay's CRDs and is not on PATH")
-    with tempfile.TemporaryDirectory(prefix="verl-operator-kuberay-") as scratch:
-        done = subprocess.run(
-            [go, "mod", "download", "-json", f"{MODULE}@{KUBERAY_VERSION}"],
-            cwd=scratch,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    if done.returncode != 0:
-        raise BinaryError(f"go mod download {MODULE}@{KUBERAY_VERSION} failed: {done.stdout}{done.stderr}")
-    info = json.loads(done.stdout)
-    if "Dir" not in info:
-        raise BinaryError(f"go mod download {MODULE}@{KUBERAY_VERSION}: {info.get('Error', 'no Dir')}")
-    return Path(info["Dir"])
+    return gobuild.module_download(go, MODULE, KUBERAY_VERSION, env, "Dir")
 
 
 def ensure_kuberay(root: Path | None = None, progress: Progress | None = None) -> KubeRayBuild:
@@ -182,12 +166,8 @@ class KubeRayOperator:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise BinaryError(f"kuberay-operator exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.probe_port}/readyz", timeout=1) as rsp:
-                    if rsp.status == 200:
-                        return self
-            except OSError:
-                pass
+            if http_status(f"http://127.0.0.1:{self.probe_port}", "/readyz", timeout=1) == 200:
+                return self
             time.sleep(0.2)
         raise BinaryError(f"kuberay-operator not ready after {timeout:.0f}s:\n{self.log_tail()}")
 
