@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import yaml
 
-from verl_operator.devcluster import binaries, gobuild
+from verl_operator.devcluster import binaries, gobuild, process
 from verl_operator.devcluster.health import http_status
 from verl_operator.devcluster.locking import file_lock
 from verl_operator.devcluster.ports import pick_free_ports
@@ -173,10 +173,7 @@ class KubeRayOperator:
 
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of the log."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return process.log_tail(self.log_path, lines)
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 15 s."""

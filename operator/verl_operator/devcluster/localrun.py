@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from verl_operator.devcluster import process
 from verl_operator.devcluster.health import http_get, http_status
 from verl_operator.devcluster.ports import pick_free_ports
 
@@ -126,10 +127,7 @@ class LocalOperator:
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the log."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return process.log_tail(self.log_path, lines)
 
     def kill(self) -> None:
         """SIGKILL (a crash: no cleanup runs)."""
