@@ -2,9 +2,14 @@
 
 ``Mesh.of(problem, settings)`` computes, once, every derived number verl's workers compute from the same
 settings: the world, the data-parallel sizes (actor and critic), the FSDP shard group, the rollout replicas,
-the trajectories and their padding, the per-GPU mini-batch and log-prob batch, the accumulation steps and the
-NVLink group. The rules, the memory inputs and the report read them from here, so the numbers a violation
-shows, the numbers the plan reports and the numbers the checks use cannot drift apart.
+the trajectories and their padding, the per-GPU mini-batch and log-prob batch, the accumulation steps, the
+NVLink group, and the per-pod layout (pods, GPUs and CPUs per pod, the part of the NVLink group on each pod).
+The search, the rules, the memory inputs and the report read them from here; the plan carries the per-pod
+layout to placement, the manifests and the launcher's check. So the numbers a violation shows, the numbers the
+plan reports, the numbers the checks use and the pods that are created cannot drift apart.
+
+The predicates below (heads per SP or TP group, a group inside an NVLink domain) and the CPU request of a pod
+are the one copy of those rules: the search's candidate generation and the rules both call them.
 """
 
 from __future__ import annotations
@@ -12,7 +17,45 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from verl_operator.api.spec import ModelShape
 from verl_operator.planner.inputs import Problem, Settings
+
+#: CPUs verl's Ray placement group asks per GPU (``{GPU: 1, CPU: 3}`` bundles, verl-constraints rule 25),
+#: plus spare CPUs per pod for the Ray daemons and the launcher.
+CPU_PER_GPU = 3
+SPARE_CPU = 2
+
+
+def data_parallel_size(world: int, sequence_parallel_size: int) -> int:
+    """Data-parallel ranks of a trainer: ``world / SP`` (integer division; the rules check divisibility)."""
+    return max(1, world // sequence_parallel_size)
+
+
+def heads_allow_sp(shape: ModelShape, sp: int) -> bool:
+    """Ulysses SP ``sp`` splits the model's heads: heads % SP == 0 and (KV heads % SP == 0 or SP % KV heads == 0)."""
+    heads, kv = shape.attention_heads, shape.kv_heads
+    return heads % sp == 0 and (kv % sp == 0 or sp % kv == 0)
+
+
+def heads_allow_tp(shape: ModelShape, tp: int) -> bool:
+    """vLLM tensor parallelism ``tp`` splits the model's attention heads evenly."""
+    return shape.attention_heads % tp == 0
+
+
+def fits_nvlink_domain(size: int, domain: int) -> bool:
+    """A group of ``size`` GPUs sits inside one NVLink domain of ``domain`` GPUs, which such groups tile."""
+    return size <= domain and domain % size == 0
+
+
+def nvlink_group_per_node(group: int, gpus_per_node: int) -> int:
+    """GPUs of one node in an NVLink group: the group, or the whole node when the group spans nodes."""
+    return min(group, gpus_per_node)
+
+
+def pod_cpu(requested: str | None, gpus_per_node: int) -> str:
+    """The CPU request of one Ray pod: ``resources.cpuPerNode`` as written, else verl's placement group
+    (``CPU_PER_GPU`` per GPU) plus ``SPARE_CPU``."""
+    return requested or str(CPU_PER_GPU * gpus_per_node + SPARE_CPU)
 
 
 @dataclass(frozen=True)
@@ -20,6 +63,10 @@ class Mesh:
     """The derived numbers of one candidate layout (see the module docstring)."""
 
     world: int
+    nnodes: int
+    gpus_per_node: int
+    sequence_parallel_size: int
+    rollout_tp: int
     data_parallel_size: int
     critic_data_parallel_size: int
     fsdp_shard: int
@@ -30,20 +77,27 @@ class Mesh:
     critic_mini_per_gpu: int
     log_prob_per_gpu: int
     nvlink_group_size: int
+    nvlink_group_per_node: int
+    cpu_per_node: str
     pads: bool
 
     @classmethod
-    def of(cls, p: Problem, s: Settings) -> Mesh:
-        """The mesh of settings ``s`` for job ``p``."""
-        dp = max(1, s.world // s.sequence_parallel_size)
-        critic_dp = max(1, s.world // p.critic_sequence_parallel_size)
+    def of(cls, p: Problem, s: Settings, cpu_per_node: str | None = None) -> Mesh:
+        """The mesh of settings ``s`` for job ``p``; ``cpu_per_node`` is ``resources.cpuPerNode`` (None: verl's)."""
+        dp = data_parallel_size(s.world, s.sequence_parallel_size)
+        critic_dp = data_parallel_size(s.world, p.critic_sequence_parallel_size)
         mini = s.ppo_mini_batch_size * s.rollout_n
         # verl >= 0.7 pads the step's trajectories to lcm(DP, mini x n[, critic mini x n]); 0.6 does not.
         pads = p.version != "0.6"
-        unit = math.lcm(dp, mini)
+        unit = max(1, math.lcm(dp, mini))  # a mini-batch of 0 is a violation, not a division by zero
         padded = -(-s.trajectories // unit) * unit if pads else s.trajectories
+        group = max(s.rollout_tp, s.sequence_parallel_size) if p.nvlink_required else 1
         return cls(
             world=s.world,
+            nnodes=s.nnodes,
+            gpus_per_node=s.gpus_per_node,
+            sequence_parallel_size=s.sequence_parallel_size,
+            rollout_tp=s.rollout_tp,
             data_parallel_size=dp,
             critic_data_parallel_size=critic_dp,
             fsdp_shard=s.world if s.fsdp_size == -1 or s.fsdp_size >= s.world else s.fsdp_size,
@@ -53,7 +107,9 @@ class Mesh:
             mini_per_gpu=mini // dp,
             critic_mini_per_gpu=mini // critic_dp,
             log_prob_per_gpu=padded // dp,
-            nvlink_group_size=max(s.rollout_tp, s.sequence_parallel_size) if p.nvlink_required else 1,
+            nvlink_group_size=group,
+            nvlink_group_per_node=nvlink_group_per_node(group, s.gpus_per_node),
+            cpu_per_node=pod_cpu(cpu_per_node, s.gpus_per_node),
             pads=pads,
         )
 
@@ -61,6 +117,11 @@ class Mesh:
     def waste(self) -> int:
         """Zero-weight samples the trainer adds per step."""
         return self.padded_trajectories - self.trajectories
+
+    @property
+    def nvlink_spans_nodes(self) -> bool:
+        """One NVLink group spans several nodes (multi-node NVLink: one ``nvidia.com/gpu.clique``)."""
+        return self.nvlink_group_size > self.gpus_per_node
 
     def accumulation_steps(self, micro: int | None) -> int | None:
         """Gradient-accumulation steps of the actor's per-GPU mini-batch at ``micro`` (None: dynamic)."""

@@ -18,7 +18,7 @@ from verl_operator.planner.arith import (
 )
 from verl_operator.planner.arith import or_text as _or
 from verl_operator.planner.inputs import SPEC_PATHS, Problem, Settings
-from verl_operator.planner.mesh import Mesh
+from verl_operator.planner.mesh import Mesh, heads_allow_sp
 from verl_operator.planner.result import Violation
 from verl_operator.planner.rules_critic import (
     critic_data_parallel_size,
@@ -63,14 +63,6 @@ def _field(p: Problem, name: str) -> str:
     return p.source(name, SPEC_PATHS.get(name, name))
 
 
-def padded_trajectories(s: Settings, critic: bool) -> int:
-    """Trajectories per step after verl >= 0.7 pads to a multiple of ``lcm(DP, mini x n[, critic mini x n])``."""
-    unit = math.lcm(s.data_parallel_size, s.ppo_mini_batch_size * s.rollout_n)
-    if critic:
-        unit = math.lcm(unit, s.ppo_mini_batch_size * s.rollout_n)
-    return -(-s.trajectories // unit) * unit
-
-
 def batch_divisible_by_world(p: Problem, s: Settings) -> list[Violation]:
     """Rule 1: without dynamic batch size, ``train_batch_size x n`` must divide evenly over the GPUs.
 
@@ -79,7 +71,8 @@ def batch_divisible_by_world(p: Problem, s: Settings) -> list[Violation]:
     """
     if s.dynamic_batch_size:
         # verl 0.6 splits the batch evenly over the actor's DP ranks and the rollout's (world / TP) ranks.
-        unit = math.lcm(s.data_parallel_size, max(1, s.world // s.rollout_tp))
+        mesh = Mesh.of(p, s)
+        unit = math.lcm(mesh.data_parallel_size, mesh.rollout_replicas)
         if p.version == "0.6" and s.trajectories % unit:
             return [
                 Violation(
@@ -87,8 +80,8 @@ def batch_divisible_by_world(p: Problem, s: Settings) -> list[Violation]:
                     rule="batch-divisible-by-dp",
                     message=(
                         f"{s.train_batch_size} x {s.rollout_n} = {s.trajectories} trajectories per step is not "
-                        f"divisible by {unit} (verl 0.6 splits the batch evenly over {s.data_parallel_size} "
-                        f"training and {s.world // s.rollout_tp} rollout data-parallel ranks)"
+                        f"divisible by {unit} (verl 0.6 splits the batch evenly over {mesh.data_parallel_size} "
+                        f"training and {mesh.rollout_replicas} rollout data-parallel ranks)"
                     ),
                     suggestions=[
                         f"use trainBatchSize {_or(nearest_multiple(s.train_batch_size, unit // math.gcd(unit, s.rollout_n)))}"
@@ -151,11 +144,11 @@ def sp_heads(p: Problem, s: Settings) -> list[Violation]:
     """Rule 10: attention heads divisible by SP; KV heads divisible by SP or SP divisible by KV heads."""
     sp = s.sequence_parallel_size
     heads, kv = p.shape.attention_heads, p.shape.kv_heads
-    if sp == 1 or (heads % sp == 0 and (kv % sp == 0 or sp % kv == 0)):
+    if heads_allow_sp(p.shape, sp):
         return []
 
     def ok(v: int) -> bool:
-        return heads % v == 0 and (kv % v == 0 or v % kv == 0) and s.world % v == 0
+        return heads_allow_sp(p.shape, v) and s.world % v == 0
 
     return [
         Violation(
@@ -187,7 +180,7 @@ def fsdp_size_valid(p: Problem, s: Settings) -> list[Violation]:
 
 def mini_batch_per_gpu(p: Problem, s: Settings) -> list[Violation]:
     """Rule 21: ``ppo_mini_batch_size x n`` divides over the data-parallel ranks, at least one per rank."""
-    dp = s.data_parallel_size
+    dp = Mesh.of(p, s).data_parallel_size
     total = s.ppo_mini_batch_size * s.rollout_n
     if total % dp == 0 and total >= dp:
         return []
@@ -219,7 +212,8 @@ def micro_divides_mini(p: Problem, s: Settings) -> list[Violation]:
                 suggestions=["set ppoMicroBatchSizePerGpu, or dynamicBatchSize: true"],
             )
         ]
-    per_gpu = Mesh.of(p, s).mini_per_gpu
+    mesh = Mesh.of(p, s)
+    per_gpu = mesh.mini_per_gpu
     if per_gpu > 0 and per_gpu % micro == 0:
         return []
     return [
@@ -227,7 +221,7 @@ def micro_divides_mini(p: Problem, s: Settings) -> list[Violation]:
             field=_field(p, "ppo_micro_batch_size_per_gpu"),
             rule="micro-divides-mini",
             message=(
-                f"per-GPU mini-batch {s.ppo_mini_batch_size} x {s.rollout_n} / {s.data_parallel_size} = {per_gpu} "
+                f"per-GPU mini-batch {s.ppo_mini_batch_size} x {s.rollout_n} / {mesh.data_parallel_size} = {per_gpu} "
                 f"is not a multiple of ppoMicroBatchSizePerGpu {micro}"
             ),
             suggestions=[f"use ppoMicroBatchSizePerGpu {_or(nearest_divisor(micro, per_gpu))}"]
@@ -251,7 +245,8 @@ def log_prob_micro_divides(p: Problem, s: Settings) -> list[Violation]:
                 suggestions=["set logProbMicroBatchSizePerGpu, or dynamicBatchSize: true"],
             )
         ]
-    per_gpu = Mesh.of(p, s).log_prob_per_gpu  # padded (the rule applies to verl >= 0.7 only)
+    mesh = Mesh.of(p, s)
+    per_gpu = mesh.log_prob_per_gpu  # padded (the rule applies to verl >= 0.7 only)
     if per_gpu % micro == 0:
         return []
     return [
@@ -259,7 +254,7 @@ def log_prob_micro_divides(p: Problem, s: Settings) -> list[Violation]:
             field=_field(p, "log_prob_micro_batch_size_per_gpu"),
             rule="log-prob-micro-divides",
             message=(
-                f"per-GPU log-prob batch {per_gpu} (trajectories / {s.data_parallel_size} data-parallel ranks) is "
+                f"per-GPU log-prob batch {per_gpu} (trajectories / {mesh.data_parallel_size} data-parallel ranks) is "
                 f"not a multiple of logProbMicroBatchSizePerGpu {micro}"
             ),
             suggestions=[f"use logProbMicroBatchSizePerGpu {_or(nearest_divisor(micro, per_gpu))}"],

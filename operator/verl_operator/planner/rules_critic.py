@@ -7,7 +7,7 @@ import math
 from verl_operator.planner.arith import nearest_divisor, nearest_multiple
 from verl_operator.planner.arith import or_text as _or
 from verl_operator.planner.inputs import SPEC_PATHS, Problem, Settings
-from verl_operator.planner.mesh import Mesh
+from verl_operator.planner.mesh import Mesh, heads_allow_sp
 from verl_operator.planner.result import Violation
 
 
@@ -29,7 +29,7 @@ def critic_mesh(p: Problem, s: Settings) -> list[Violation]:
     field = p.source(
         "critic_sequence_parallel_size", "spec.overrides (critic.ulysses_sequence_parallel_size)"
     )
-    if s.world % csp or heads % csp or not (kv % csp == 0 or csp % kv == 0):
+    if s.world % csp or not heads_allow_sp(p.shape, csp):
         return [
             Violation(
                 field=field,

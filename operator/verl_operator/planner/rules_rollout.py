@@ -8,6 +8,7 @@ import math
 from verl_operator.planner.arith import divisors, nearest, nearest_divisor
 from verl_operator.planner.arith import or_text as _or
 from verl_operator.planner.inputs import SPEC_PATHS, Problem, Settings
+from verl_operator.planner.mesh import Mesh, fits_nvlink_domain, heads_allow_tp
 from verl_operator.planner.result import Violation
 
 
@@ -32,7 +33,7 @@ def rollout_tp_divides_world(p: Problem, s: Settings) -> list[Violation]:
 def rollout_tp_heads(p: Problem, s: Settings) -> list[Violation]:
     """vLLM: attention heads divisible by the rollout TP size."""
     heads = p.shape.attention_heads
-    if heads % s.rollout_tp == 0:
+    if heads_allow_tp(p.shape, s.rollout_tp):
         return []
     return [
         Violation(
@@ -78,7 +79,7 @@ def nvlink_groups(p: Problem, s: Settings) -> list[Violation]:
         ("rollout_tp", s.rollout_tp, "rollout tensorParallelSize"),
         ("sequence_parallel_size", s.sequence_parallel_size, "sequenceParallelSize"),
     ):
-        if size <= dom and dom % size == 0:
+        if fits_nvlink_domain(size, dom):
             continue
         out.append(
             Violation(
@@ -98,7 +99,7 @@ def nvlink_groups(p: Problem, s: Settings) -> list[Violation]:
 
 
 def _partial_domains(p: Problem, s: Settings) -> list[Violation]:
-    group = max(s.rollout_tp, s.sequence_parallel_size)
+    group = Mesh.of(p, s).nvlink_group_size  # called with placement.nvlink: required only
     if group <= 1 or not p.partial_domain_nodes or p.whole_node_fits >= s.nnodes:
         return []
     return [

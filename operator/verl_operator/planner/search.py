@@ -26,6 +26,7 @@ from verl_operator.planner.budget import spend
 from verl_operator.planner.cluster import Layout
 from verl_operator.planner.inputs import Fixed, Problem, Settings
 from verl_operator.planner.memory import GIB, Estimate, estimate, max_gpu_memory_utilization
+from verl_operator.planner.mesh import Mesh, data_parallel_size
 from verl_operator.planner.result import Violation
 from verl_operator.planner.search_candidates import (
     default_train_batch,
@@ -137,6 +138,27 @@ def _micro_options(per_gpu: int, pinned: int | None) -> list[int]:
     return sorted(rules.divisors(max(per_gpu, 1)), reverse=True)
 
 
+class _NearestMiss:
+    """Keeps the failure to report when no candidate fits.
+
+    Candidates are tried from most preferred to most memory-saving, so among failures that got equally far,
+    the last one is the nearest miss (largest SP, whole-world sharding, smallest micro-batch).
+    """
+
+    def __init__(self) -> None:
+        self._violations: Callable[[], list[Violation]] = list
+        self._depth = -1
+
+    def note(self, violations: Callable[[], list[Violation]], depth: int) -> None:
+        """A :data:`Recorder`: keep this failure when it got at least as far as the kept one."""
+        if depth >= self._depth:
+            self._violations, self._depth = violations, depth
+
+    def failed(self) -> Failed:
+        """The kept failure."""
+        return Failed(self._violations(), self._depth)
+
+
 def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found | Failed:
     """Find the preferred valid settings for one layout (see the module docstring for the order).
 
@@ -146,59 +168,70 @@ def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found 
         fixed: The pinned values.
         algorithm_n: ``rollout.n`` when unpinned.
     """
-    world = layout.world
     n = fixed.rollout_n if fixed.rollout_n is not None else algorithm_n
-    tb = fixed.train_batch_size if fixed.train_batch_size is not None else default_train_batch(world, n)
-    dynamic = bool(fixed.dynamic_batch_size)
-    best: tuple[Callable[[], list[Violation]], int] = (list, -1)
-
-    def note(vs: Callable[[], list[Violation]], depth: int) -> None:
-        # Candidates are tried from most preferred to most memory-saving, so among failures that got equally
-        # far, the last one is the nearest miss (largest SP, whole-world sharding, smallest micro-batch).
-        nonlocal best
-        if depth >= best[1]:
-            best = (vs, depth)
-
+    tb = (
+        fixed.train_batch_size if fixed.train_batch_size is not None else default_train_batch(layout.world, n)
+    )
+    miss = _NearestMiss()
     for sp in sp_candidates(p, layout, fixed):
         for fsdp in fsdp_candidates(layout, fixed):
-            dp = max(1, world // sp)
-            base = Settings(
-                world=world,
-                nnodes=layout.nnodes,
-                gpus_per_node=layout.gpus_per_node,
-                train_batch_size=tb,
-                rollout_n=n,
-                # The rollout TP is chosen last; the most lenient placeholder keeps early checks from rejecting
-                # a candidate that a larger TP would make valid (the final check uses the real TP).
-                rollout_tp=fixed.rollout_tp or layout.gpus_per_node,
-                gpu_memory_utilization=fixed.gpu_memory_utilization or 0.5,
-                sequence_parallel_size=sp,
-                fsdp_size=fsdp,
-                ppo_mini_batch_size=0,
-                ppo_micro_batch_size_per_gpu=None,
-                log_prob_micro_batch_size_per_gpu=None,
-                dynamic_batch_size=dynamic,
-                max_token_len_per_gpu=fixed.max_token_len_per_gpu,
-                log_prob_max_token_len_per_gpu=fixed.log_prob_max_token_len_per_gpu,
-                param_offload=bool(fixed.param_offload),
-                optimizer_offload=bool(fixed.optimizer_offload),
-            )
-            for mini in mini_candidates(tb, n, dp, fixed):
-                spend()
-                s = replace(base, ppo_mini_batch_size=mini)
-                mesh = rules.check(p, s, MESH_RULES)
-                if not s.dynamic_batch_size:
-                    mesh += global_micro_violations(p, fixed, dp, rules.critic_data_parallel_size(p, s))
-                if fixed.ppo_mini_batch_size is not None or not mesh:
-                    # An unpinned mini-batch only fails because of another input; report that one.
-                    mesh += rules.mini_batch_per_gpu(p, s)
-                if mesh:
-                    note(_const(mesh), 0)
-                    continue
-                found = _search_rest(p, layout, fixed, s, note)
-                if found is not None:
-                    return found
-    return Failed(best[0](), best[1])
+            found = _search_mini(p, layout, fixed, _base_settings(layout, fixed, tb, n, sp, fsdp), miss.note)
+            if found is not None:
+                return found
+    return miss.failed()
+
+
+def _base_settings(layout: Layout, fixed: Fixed, tb: int, n: int, sp: int, fsdp: int) -> Settings:
+    """The candidate of one SP and FSDP size before its batch sizes and rollout are chosen."""
+    return Settings(
+        world=layout.world,
+        nnodes=layout.nnodes,
+        gpus_per_node=layout.gpus_per_node,
+        train_batch_size=tb,
+        rollout_n=n,
+        # The rollout TP is chosen last; the most lenient placeholder keeps early checks from rejecting
+        # a candidate that a larger TP would make valid (the final check uses the real TP).
+        rollout_tp=fixed.rollout_tp or layout.gpus_per_node,
+        gpu_memory_utilization=fixed.gpu_memory_utilization or 0.5,
+        sequence_parallel_size=sp,
+        fsdp_size=fsdp,
+        ppo_mini_batch_size=0,
+        ppo_micro_batch_size_per_gpu=None,
+        log_prob_micro_batch_size_per_gpu=None,
+        dynamic_batch_size=bool(fixed.dynamic_batch_size),
+        max_token_len_per_gpu=fixed.max_token_len_per_gpu,
+        log_prob_max_token_len_per_gpu=fixed.log_prob_max_token_len_per_gpu,
+        param_offload=bool(fixed.param_offload),
+        optimizer_offload=bool(fixed.optimizer_offload),
+    )
+
+
+def _mesh_violations(p: Problem, fixed: Fixed, s: Settings) -> list[Violation]:
+    """The violations of a candidate's mesh and mini-batch (checked before any memory estimate)."""
+    vs = rules.check(p, s, MESH_RULES)
+    if not s.dynamic_batch_size:
+        mesh = Mesh.of(p, s)
+        vs += global_micro_violations(p, fixed, mesh.data_parallel_size, mesh.critic_data_parallel_size)
+    if fixed.ppo_mini_batch_size is not None or not vs:
+        # An unpinned mini-batch only fails because of another input; report that one.
+        vs += rules.mini_batch_per_gpu(p, s)
+    return vs
+
+
+def _search_mini(p: Problem, layout: Layout, fixed: Fixed, base: Settings, record: Recorder) -> Found | None:
+    """Try the mini-batch candidates of one SP and FSDP size, then the rest of the settings."""
+    dp = data_parallel_size(base.world, base.sequence_parallel_size)
+    for mini in mini_candidates(base.train_batch_size, base.rollout_n, dp, fixed):
+        spend()
+        s = replace(base, ppo_mini_batch_size=mini)
+        vs = _mesh_violations(p, fixed, s)
+        if vs:
+            record(_const(vs), 0)
+            continue
+        found = _search_rest(p, layout, fixed, s, record)
+        if found is not None:
+            return found
+    return None
 
 
 def critic_micro(p: Problem, s: Settings, actor_micro: int, critic_per_gpu: int) -> int:
@@ -210,7 +243,8 @@ def critic_micro(p: Problem, s: Settings, actor_micro: int, critic_per_gpu: int)
 
 
 def _train_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
-    dp = s.data_parallel_size
+    mesh = Mesh.of(p, s)
+    dp, critic_dp = mesh.data_parallel_size, mesh.critic_data_parallel_size
     if s.dynamic_batch_size:
         if fixed.max_token_len_per_gpu is not None:
             yield s
@@ -220,18 +254,15 @@ def _train_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
             if budget >= floor:
                 yield replace(s, max_token_len_per_gpu=budget)
         return
-    per_gpu = s.ppo_mini_batch_size * s.rollout_n // dp
     pinned = fixed.ppo_micro_batch_size_per_gpu
     if pinned is None and fixed.ppo_micro_batch_size_global is not None:
         pinned = _global_to_per_gpu(fixed.ppo_micro_batch_size_global, dp)
-    critic_dp = rules.critic_data_parallel_size(p, s)
-    critic_per_gpu = s.ppo_mini_batch_size * s.rollout_n // critic_dp
-    for micro in _micro_options(per_gpu, pinned):
+    for micro in _micro_options(mesh.mini_per_gpu, pinned):
         critic = fixed.critic_ppo_micro_batch_size_per_gpu
         if critic is None and fixed.critic_ppo_micro_batch_size_global is not None:
             critic = _global_to_per_gpu(fixed.critic_ppo_micro_batch_size_global, critic_dp)
         if critic is None and p.needs_critic:
-            critic = critic_micro(p, s, micro, critic_per_gpu)
+            critic = critic_micro(p, s, micro, mesh.critic_mini_per_gpu)
         yield replace(
             s,
             ppo_micro_batch_size_per_gpu=micro,
@@ -240,17 +271,17 @@ def _train_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
 
 
 def _log_prob_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
-    dp = s.data_parallel_size
     if s.dynamic_batch_size:
         yield replace(
             s, log_prob_max_token_len_per_gpu=fixed.log_prob_max_token_len_per_gpu or s.max_token_len_per_gpu
         )
         return
-    per_gpu = rules.padded_trajectories(s, p.needs_critic) // dp
+    mesh = Mesh.of(p, s)
     pinned = fixed.log_prob_micro_batch_size_per_gpu
     if pinned is None and fixed.log_prob_micro_batch_size_global is not None:
-        pinned = _global_to_per_gpu(fixed.log_prob_micro_batch_size_global, dp)
-    for micro in _micro_options(per_gpu, pinned):
+        pinned = _global_to_per_gpu(fixed.log_prob_micro_batch_size_global, mesh.data_parallel_size)
+    # The per-GPU log-prob batch verl forms: padded on verl >= 0.7, the plain share on 0.6.
+    for micro in _micro_options(mesh.log_prob_per_gpu, pinned):
         yield replace(s, log_prob_micro_batch_size_per_gpu=micro)
 
 

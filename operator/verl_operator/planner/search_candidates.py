@@ -7,6 +7,7 @@ import math
 from verl_operator.planner import rules
 from verl_operator.planner.cluster import Layout
 from verl_operator.planner.inputs import Fixed, Problem
+from verl_operator.planner.mesh import fits_nvlink_domain, heads_allow_sp, heads_allow_tp
 
 #: verl's default data.train_batch_size, the target when the batch is not pinned.
 DEFAULT_TRAIN_BATCH = 1024
@@ -23,15 +24,12 @@ def sp_candidates(p: Problem, layout: Layout, fixed: Fixed) -> list[int]:
     """Ulysses SP sizes to try, preferred first."""
     if fixed.sequence_parallel_size is not None:
         return [fixed.sequence_parallel_size]
-    heads, kv = p.shape.attention_heads, p.shape.kv_heads
-    out = []
-    for d in rules.divisors(layout.gpus_per_node):
-        if heads % d or not (kv % d == 0 or d % kv == 0):
-            continue
-        if p.nvlink_required and (d > layout.nvlink_domain or layout.nvlink_domain % d):
-            continue
-        out.append(d)
-    return out or [1]
+    return [
+        d
+        for d in rules.divisors(layout.gpus_per_node)
+        if heads_allow_sp(p.shape, d)
+        and (not p.nvlink_required or fits_nvlink_domain(d, layout.nvlink_domain))
+    ] or [1]
 
 
 def fsdp_candidates(layout: Layout, fixed: Fixed) -> list[int]:
@@ -47,16 +45,15 @@ def tp_candidates(p: Problem, layout: Layout, fixed: Fixed) -> list[int]:
         return [fixed.rollout_tp]
     if p.rollout_ep is not None and p.rollout_ep > 1:
         return [p.rollout_ep]  # verl: EP == TP x DP with rollout DP 1
-    gpn, world, heads = layout.gpus_per_node, layout.world, p.shape.attention_heads
-    sizes = [d for d in rules.divisors(gpn)] + [gpn * k for k in range(2, layout.nnodes + 1)]
-    out = []
-    for tp in sizes:
-        if world % tp or heads % tp:
-            continue
-        if p.nvlink_required and (tp > layout.nvlink_domain or layout.nvlink_domain % tp):
-            continue
-        out.append(tp)
-    return out
+    gpn = layout.gpus_per_node
+    sizes = [*rules.divisors(gpn), *(gpn * k for k in range(2, layout.nnodes + 1))]
+    return [
+        tp
+        for tp in sizes
+        if layout.world % tp == 0
+        and heads_allow_tp(p.shape, tp)
+        and (not p.nvlink_required or fits_nvlink_domain(tp, layout.nvlink_domain))
+    ]
 
 
 def mini_candidates(tb: int, n: int, dp: int, fixed: Fixed) -> list[int]:

@@ -6,7 +6,14 @@ from dataclasses import replace
 
 from verl_operator.planner.budget import spend
 from verl_operator.planner.inputs import Problem, Settings
-from verl_operator.planner.memory import GIB, Estimate, MemoryInputs, estimate, max_gpu_memory_utilization
+from verl_operator.planner.memory import (
+    GIB,
+    Estimate,
+    MemoryInputs,
+    Phase,
+    estimate,
+    max_gpu_memory_utilization,
+)
 from verl_operator.planner.mesh import Mesh
 from verl_operator.planner.result import Violation
 
@@ -62,10 +69,19 @@ def gpus_needed(p: Problem, s: Settings, max_factor: int = 64) -> int | None:
 
 def memory_violations(p: Problem, s: Settings, est: Estimate) -> list[Violation]:
     """Phases predicted not to fit, with the parts and what would make them fit."""
-    m = p.gpu_memory_bytes
-    out: list[Violation] = []
-    gib = m / GIB
-    phases = (
+    out = [
+        _phase_violation(p, s, label, phase, name)
+        for label, phase, name in _phases(s, est)
+        if phase.peak_bytes > p.gpu_memory_bytes
+    ]
+    if est.kv_cache_tokens < p.model_len:
+        out.append(_kv_cache_violation(p, s, est))
+    return out
+
+
+def _phases(s: Settings, est: Estimate) -> tuple[tuple[str, Phase, str], ...]:
+    """``(label, estimate, the input to change)`` of the rollout, train and log-prob phases."""
+    return (
         # A pinned gpuMemoryUtilization is the field to change; otherwise the resident state is too large.
         ("rollout", est.rollout, "gpu_memory_utilization"),
         (
@@ -81,48 +97,51 @@ def memory_violations(p: Problem, s: Settings, est: Estimate) -> list[Violation]
             else "log_prob_max_token_len_per_gpu",
         ),
     )
-    for label, phase, name in phases:
-        if phase.peak_bytes <= m:
-            continue
-        parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(phase.parts_gib().items(), key=lambda kv: -kv[1]))
-        hints: list[str] = []
-        if label == "rollout":
-            hints += _rollout_hints(p, s)
-        elif label == "train":
-            hints.append(
-                "use a larger spec.parallelism.sequenceParallelSize or a smaller micro-batch / token budget"
-            )
-            hints.append("shorten spec.data.maxResponseLength")
-        else:
-            hints.append("use a smaller logProbMicroBatchSizePerGpu (or log-prob token budget)")
-        more = gpus_needed(p, s)
-        if more is not None:
-            hints.append(f"use at least {more} GPUs (the training state is sharded over them)")
-        out.append(
-            Violation(
-                field=p.source(name, "spec.resources.gpus"),
-                rule=f"memory-{label}",
-                message=(
-                    f"{label} peak {phase.peak_bytes / GIB:.1f} GiB (parts in GiB: {parts}; estimated parts x1.1) "
-                    f"exceeds the GPU's {gib:.1f} GiB"
-                ),
-                suggestions=hints,
-            )
+
+
+def _phase_violation(p: Problem, s: Settings, label: str, phase: Phase, name: str) -> Violation:
+    """The violation of one phase whose peak exceeds the GPU, with its parts and hints."""
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(phase.parts_gib().items(), key=lambda kv: -kv[1]))
+    return Violation(
+        field=p.source(name, "spec.resources.gpus"),
+        rule=f"memory-{label}",
+        message=(
+            f"{label} peak {phase.peak_bytes / GIB:.1f} GiB (parts in GiB: {parts}; estimated parts x1.1) "
+            f"exceeds the GPU's {p.gpu_memory_bytes / GIB:.1f} GiB"
+        ),
+        suggestions=_phase_hints(p, s, label),
+    )
+
+
+def _phase_hints(p: Problem, s: Settings, label: str) -> list[str]:
+    """What would make phase ``label`` fit: its own settings, then more GPUs."""
+    hints: list[str] = []
+    if label == "rollout":
+        hints += _rollout_hints(p, s)
+    elif label == "train":
+        hints.append(
+            "use a larger spec.parallelism.sequenceParallelSize or a smaller micro-batch / token budget"
         )
-    if est.kv_cache_tokens < (p.model_len):
-        need = p.model_len
-        out.append(
-            Violation(
-                field=p.source("rollout_tp", "spec.rollout.tensorParallelSize"),
-                rule="kv-cache-max-model-len",
-                message=(
-                    f"vLLM's KV cache holds {est.kv_cache_tokens} tokens per replica at TP {s.rollout_tp} and "
-                    f"gpuMemoryUtilization {s.gpu_memory_utilization}, fewer than one {need}-token sequence"
-                ),
-                suggestions=_kv_hints(p, s),
-            )
-        )
-    return out
+        hints.append("shorten spec.data.maxResponseLength")
+    else:
+        hints.append("use a smaller logProbMicroBatchSizePerGpu (or log-prob token budget)")
+    more = gpus_needed(p, s)
+    if more is not None:
+        hints.append(f"use at least {more} GPUs (the training state is sharded over them)")
+    return hints
+
+
+def _kv_cache_violation(p: Problem, s: Settings, est: Estimate) -> Violation:
+    """vLLM's KV cache cannot hold one ``max_model_len`` sequence."""
+    return Violation(
+        field=p.source("rollout_tp", "spec.rollout.tensorParallelSize"),
+        rule="kv-cache-max-model-len",
+        message=(
+            f"vLLM's KV cache holds {est.kv_cache_tokens} tokens per replica at TP {s.rollout_tp} and "
+            f"gpuMemoryUtilization {s.gpu_memory_utilization}, fewer than one {p.model_len}-token sequence"
+        ),
+        suggestions=_kv_hints(p, s),
+    )
 
 
 def _max_gmu(p: Problem, s: Settings) -> float:
