@@ -155,9 +155,23 @@ class Plan(_Frozen):
     )
     nnodes: int = Field(description="Nodes (Ray pods) of the job (trainer.nnodes).")
     gpus_per_node: int = Field(description="GPUs each pod holds (trainer.n_gpus_per_node).")
+    cpu_per_node: str | None = Field(
+        default=None,
+        description=(
+            "CPU request of each pod: resources.cpuPerNode, else verl's placement group (3 per GPU) + 2; "
+            "candidate nodes that report CPUs offer it (null in plans of earlier releases)."
+        ),
+    )
     candidate_nodes: list[str] = Field(description="Every node the job may run on.")
     nvlink_group_size: int = Field(
         description="GPUs that must share an NVLink domain (max of rollout TP and SP)."
+    )
+    nvlink_group_per_node: int | None = Field(
+        default=None,
+        description=(
+            "GPUs of each node in one NVLink group: nvlinkGroupSize, or gpusPerNode when a group spans "
+            "nodes of one NVLink clique (null in plans of earlier releases)."
+        ),
     )
     world_size: int = Field(description="GPUs in all.")
     data_parallel_size: int = Field(description="Data parallel size of the actor.")

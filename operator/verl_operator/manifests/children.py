@@ -37,10 +37,6 @@ from verl_operator.manifests.names import (
 )
 from verl_operator.planner.cluster import TOLERATED_TAINT_KEYS
 
-#: CPUs verl's Ray placement group asks per GPU (``{GPU: 1, CPU: 3}`` bundles, verl-constraints rule 25),
-#: plus spare CPUs per pod for the Ray daemons and the launcher.
-CPU_PER_GPU = 3
-SPARE_CPU = 2
 #: Default memory request per GPU when ``resources.memoryPerNode`` is not given (host RAM for the
 #: dataloader, Ray object store and vLLM/FSDP CPU buffers).
 MEMORY_GIB_PER_GPU = 16
@@ -157,10 +153,12 @@ def build_service(job: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _resources(spec: VerlJobSpec, gpus: int) -> dict[str, Any]:
+def _resources(spec: VerlJobSpec, plan: LaunchPlan) -> dict[str, Any]:
     res = spec.resources
+    gpus = plan.gpus_per_node
     requests: dict[str, Any] = {
-        "cpu": res.cpu_per_node or str(CPU_PER_GPU * gpus + SPARE_CPU),
+        # The plan's: the CPUs its candidate nodes were chosen to offer (verl's placement group).
+        "cpu": plan.pod_cpu(spec),
         "memory": res.memory_per_node or f"{MEMORY_GIB_PER_GPU * gpus}Gi",
         "nvidia.com/gpu": str(gpus),
     }
@@ -204,7 +202,7 @@ def _build_pod(
                 "command": _launcher_command(spec, plan, role),
                 "env": _env(role, attempt, spec),
                 "ports": _ports(role),
-                "resources": _resources(spec, plan.gpus_per_node),
+                "resources": _resources(spec, plan),
                 "volumeMounts": [
                     {"name": "launch-spec", "mountPath": LAUNCH_DIR, "readOnly": True},
                     {"name": "dshm", "mountPath": "/dev/shm"},

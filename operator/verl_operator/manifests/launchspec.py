@@ -9,6 +9,7 @@ from typing import Any
 from verl_operator.api.plan import Plan
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.manifests.names import ChildNames
+from verl_operator.planner.mesh import nvlink_group_per_node, pod_cpu
 
 RAY_GCS_PORT = 6379
 RAY_DASHBOARD_PORT = 8265
@@ -39,6 +40,10 @@ class LaunchPlan:
         gpus_per_node: GPUs each pod holds.
         overrides: The full verl override list of the plan.
         nvlink_group_size: GPUs per NVLink group (1 = none required).
+        nvlink_group_per_node: GPUs of each node in one NVLink group (the plan's; None: a plan of an earlier
+            release, derived by the Mesh's rule).
+        cpu_per_node: CPU request of each pod (the plan's; None: a plan of an earlier release, derived by the
+            Mesh's rule from ``resources.cpuPerNode``).
         require_nvlink: ``spec.placement.nvlink == "required"``.
         gpu_product: GPU product of the plan's node pool, if known.
         gpu_memory_mib: GPU memory of the plan's node pool, if known.
@@ -52,6 +57,8 @@ class LaunchPlan:
     gpus_per_node: int
     overrides: tuple[str, ...]
     nvlink_group_size: int = 1
+    nvlink_group_per_node: int | None = None
+    cpu_per_node: str | None = None
     require_nvlink: bool = False
     gpu_product: str | None = None
     gpu_memory_mib: int | None = None
@@ -74,12 +81,25 @@ class LaunchPlan:
             gpus_per_node=plan.gpus_per_node,
             overrides=tuple(plan.overrides),
             nvlink_group_size=plan.nvlink_group_size,
+            nvlink_group_per_node=plan.nvlink_group_per_node,
+            cpu_per_node=plan.cpu_per_node,
             require_nvlink=spec.placement.nvlink == "required",
             gpu_product=pool.gpu_product or None,
             gpu_memory_mib=pool.gpu_memory_mib or None,
             nodes=tuple(nodes),
             launcher_image=launcher_image,
         )
+
+    @property
+    def node_nvlink_group(self) -> int:
+        """GPUs of each node in one NVLink group: what the launcher checks on every node."""
+        if self.nvlink_group_per_node is not None:
+            return self.nvlink_group_per_node
+        return nvlink_group_per_node(self.nvlink_group_size, self.gpus_per_node)
+
+    def pod_cpu(self, spec: VerlJobSpec) -> str:
+        """The CPU request of each pod."""
+        return self.cpu_per_node or pod_cpu(spec.resources.cpu_per_node, self.gpus_per_node)
 
     @classmethod
     def from_plan_json(
@@ -127,7 +147,8 @@ def build_launch_spec(job: Mapping[str, Any], spec: VerlJobSpec, plan: LaunchPla
             "gpuProduct": plan.gpu_product,
             "gpuMemoryMiB": plan.gpu_memory_mib,
             "requireNvlink": plan.require_nvlink,
-            "nvlinkGroupSize": plan.nvlink_group_size,
+            # Per node: a group that spans nodes of one clique needs each node's GPUs linked.
+            "nvlinkGroupSize": plan.node_nvlink_group,
         },
         "checkpoint": {"dir": spec.checkpoint.dir, "resume": spec.checkpoint.resume},
         "timeouts": {"clusterReadySeconds": CLUSTER_READY_SECONDS, "workerJoinSeconds": WORKER_JOIN_SECONDS},

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 
 from verl_launcher.gpus import same_product
 from verl_operator.placement.model import NodeCapacity, Placement, PlacementRequest
+from verl_operator.planner.mesh import fits_nvlink_domain
 
 GroupKey = tuple[str | None, str | None]
 
@@ -76,7 +77,8 @@ def _nvlink_reason(request: PlacementRequest, node: NodeCapacity) -> str | None:
         if node.nvlink_domain_size < node.gpus:
             return f"NVLink domain of {node.nvlink_domain_size} GPUs, the group spans nodes: needs all GPUs linked"
         return None
-    if node.nvlink_domain_size < group:
+    # The planner's rule (``mesh.fits_nvlink_domain``) on the GPUs of the node the pod holds.
+    if not fits_nvlink_domain(group, min(node.nvlink_domain_size, request.gpus_per_node)):
         return f"NVLink domain of {node.nvlink_domain_size} GPUs, job needs {group} GPUs per NVLink group"
     if node.nvlink_domain_size < node.gpus and request.gpus_per_node != node.gpus:
         # Partial domains (e.g. bridged pairs): which GPUs a partial request gets is the device plugin's

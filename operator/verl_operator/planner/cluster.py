@@ -15,6 +15,7 @@ from typing import Any
 from verl_launcher.gpus import same_product
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner.facts import NodeFacts, Taint, cpu_millicores, normalise_product
+from verl_operator.planner.mesh import pod_cpu
 
 #: Taints that GPU pods tolerate by convention (the operator adds these tolerations to its pods).
 TOLERATED_TAINT_KEYS: frozenset[str] = frozenset({"nvidia.com/gpu"})
@@ -39,6 +40,8 @@ class Layout:
     nnodes: int
     candidates: tuple[str, ...]
     nvlink_domain: int
+    #: The CPU request of each pod (``mesh.pod_cpu``): the candidates offer at least that much.
+    cpu_per_node: str = ""
 
     @property
     def world(self) -> int:
@@ -141,12 +144,12 @@ def _domains(nodes: Sequence[NodeFacts], spec: VerlJobSpec) -> list[list[NodeFac
 
 
 def cpu_needed(spec: VerlJobSpec, gpus_per_node: int) -> int:
-    """Millicores a node must offer: ``resources.cpuPerNode``, else verl's placement group (3 per GPU) + 2."""
-    if spec.resources.cpu_per_node:
-        parsed = cpu_millicores(spec.resources.cpu_per_node)
-        if parsed is not None:
-            return parsed
-    return (3 * gpus_per_node + 2) * 1000
+    """Millicores a node must offer: the pod's CPU request (``mesh.pod_cpu``: ``resources.cpuPerNode``, else
+    verl's placement group, 3 per GPU, + 2); a request this parser does not read counts as verl's."""
+    parsed = cpu_millicores(pod_cpu(spec.resources.cpu_per_node, gpus_per_node))
+    if parsed is not None:
+        return parsed
+    return int(pod_cpu(None, gpus_per_node)) * 1000
 
 
 def layouts(pool: Pool, spec: VerlJobSpec, gpus_per_node: int | None) -> list[Layout]:
@@ -188,5 +191,5 @@ def layouts(pool: Pool, spec: VerlJobSpec, gpus_per_node: int | None) -> list[La
         if None not in cliques and chosen:
             largest = max(sum(1 for n in chosen if n.clique == c) for c in cliques)
             domain = max(domain, min(largest, nnodes) * gpn)
-        out.append(Layout(pool, gpn, nnodes, candidates, domain))
+        out.append(Layout(pool, gpn, nnodes, candidates, domain, pod_cpu(spec.resources.cpu_per_node, gpn)))
     return out

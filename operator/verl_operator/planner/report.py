@@ -66,15 +66,17 @@ def build_result(
         model_path: The model path.
     """
     s, est = found.settings, found.estimate
-    mesh = Mesh.of(p, s)
+    mesh = Mesh.of(p, s, layout.cpu_per_node)
     warnings = [*found.warnings, *shell_variable_warnings(passthrough, p), *_batch_warnings(p, s, mesh, est)]
     plan = Plan(
         verl_version=p.version,
         nodes=list(layout.candidates[: layout.nnodes]),
-        nnodes=layout.nnodes,
-        gpus_per_node=layout.gpus_per_node,
+        nnodes=mesh.nnodes,
+        gpus_per_node=mesh.gpus_per_node,
+        cpu_per_node=mesh.cpu_per_node,
         candidate_nodes=list(layout.candidates),
         nvlink_group_size=mesh.nvlink_group_size,
+        nvlink_group_per_node=mesh.nvlink_group_per_node,
         world_size=mesh.world,
         data_parallel_size=mesh.data_parallel_size,
         sequence_parallel_size=s.sequence_parallel_size,
