@@ -39,6 +39,9 @@ class FakeKube:
     objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)
     writes: list[tuple[str, str]] = field(default_factory=list)
+    #: Every request as the API server would see it, 409s and reads included: ``("create", "Kind/name")``,
+    #: ``("read_configmap", name)``.
+    requests: list[tuple[str, str]] = field(default_factory=list)
     served_kinds: frozenset[str] = frozenset({"Pod", "ConfigMap", "Service", "ServiceAccount"})
     #: PriorityClass name -> value (the queue's order).
     priority_classes: dict[str, int] = field(default_factory=dict)
@@ -58,6 +61,7 @@ class FakeKube:
         ]
 
     def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        self.requests.append(("read_configmap", name))
         cm = self.objects.get(("ConfigMap", namespace, name))
         return dict(cm.get("data") or {}) if cm is not None else None
 
@@ -72,6 +76,7 @@ class FakeKube:
         if kind not in self.served_kinds:
             raise MissingAPIError(f"{manifest['apiVersion']} {kind} is not served: is Volcano installed?")
         key = (kind, str(manifest["metadata"]["namespace"]), str(manifest["metadata"]["name"]))
+        self.requests.append(("create", f"{kind}/{key[2]}"))
         if key in self.objects:
             return False
         if kind == "Pod" and self.refuse_pods is not None:

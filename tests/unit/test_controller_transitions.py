@@ -657,3 +657,42 @@ def test_decide_is_pure_and_deterministic() -> None:
     first, second = decide(seen), decide(seen)
     assert first.status == second.status and first.event == second.event
     assert world.kube.writes == []
+
+
+def test_the_creating_pass_posts_each_child_once_and_reads_nothing() -> None:
+    """The pass's second decision (after the pods exist) names the children again: none is posted twice (a
+    409) and the ConfigMap the pass just created is not read back."""
+    world = World()
+    world.submit(SPEC)
+    passes(2)(world)
+    children = [
+        "ServiceAccount/j-ray",
+        "ConfigMap/j-launch",
+        "Service/j-ray",
+        f"Pod/{HEAD}",
+        f"Pod/{WORKER}",
+    ]
+    assert sorted(world.kube.requests) == sorted(("create", c) for c in children), world.kube.requests
+    assert [w for w in world.kube.writes if w[0] == "ungate"] == [("ungate", HEAD), ("ungate", WORKER)]
+
+
+def test_a_pass_that_finds_a_child_ensures_it_and_keeps_the_launch_spec_in_step() -> None:
+    """After an operator restart mid-creation the ConfigMap exists: one create (409) and one read, and a
+    launch spec that differs is written back; children created by nobody yet are created."""
+    world = World()
+    world.submit(SPEC)
+    passes(2)(world)
+    cm = world.kube.objects[("ConfigMap", NS, f"{NAME}-launch")]
+    wanted = dict(cm["data"])
+    cm["data"] = {"launch.json": "{}"}
+    world.kube.objects.pop(("Service", NS, f"{NAME}-ray"))
+    for pod in (HEAD, WORKER):  # the pods of a crashed creation: gone again, the gang not released
+        world.kube.objects.pop(("Pod", NS, pod))
+    job = world.kube.objects[("VerlJob", NS, NAME)]
+    job["status"]["placement"].pop("ungated", None)
+    world.kube.requests.clear()
+    world.reconcile()
+    assert world.kube.requests.count(("create", f"ConfigMap/{NAME}-launch")) == 1
+    assert world.kube.requests.count(("read_configmap", f"{NAME}-launch")) == 1
+    assert world.kube.objects[("ConfigMap", NS, f"{NAME}-launch")]["data"] == wanted
+    assert ("Service", NS, f"{NAME}-ray") in world.kube.objects

@@ -101,6 +101,7 @@ class JobReconciler:
         """
         launcher_image = config.current().launcher_image
         uid = str(job["metadata"]["uid"])
+        ensured: set[tuple[str, str]] = set()  # children this pass created or found: not posted again
         for _ in range(2):  # the second decision sees the pods the first one created
             with self.placement_lock if snap is None else contextlib.nullcontext():
                 view = self.snapshot() if snap is None else snap
@@ -114,7 +115,7 @@ class JobReconciler:
                 if snap is None and transition.reserve is not None:
                     self.reservations.decided[uid] = transition.reserve
             try:
-                self.apply(namespace, job, status, transition)
+                self.apply(namespace, job, status, transition, ensured)
             except MissingAPIError as exc:
                 self.apply(namespace, job, status, scheduler_unavailable(seen, exc))
                 return
@@ -137,7 +138,14 @@ class JobReconciler:
                 states[node] = "NotReady"
         return states
 
-    def apply(self, ns: str, job: Mapping[str, Any] | None, old: VerlJobStatus, t: Transition) -> None:
+    def apply(
+        self,
+        ns: str,
+        job: Mapping[str, Any] | None,
+        old: VerlJobStatus,
+        t: Transition,
+        ensured: set[tuple[str, str]] | None = None,
+    ) -> None:
         """Carry out ``t``: reservation, deletes, creates, gates, status, event, and the job's deletion.
 
         Args:
@@ -145,6 +153,8 @@ class JobReconciler:
             job: The VerlJob body; None when it is gone (only ``t.delete`` applies).
             old: The status the decision started from (the status patch is the difference).
             t: The transition.
+            ensured: ``(kind, name)`` of the children already ensured earlier in the same pass; they are
+                skipped, and the children ensured now are added.
         """
         for pod in t.delete:
             self.kube.delete_pod(ns, pod)
@@ -159,7 +169,7 @@ class JobReconciler:
             self.reservations.decided.pop(uid, None)
         if t.reserve is not None:
             self.reservations.decided[uid] = t.reserve
-        self._ensure_children(ns, t.create)
+        self._ensure_children(ns, t.create, set() if ensured is None else ensured)
         for pod in t.ungate:
             self.kube.ungate(ns, pod)
         if t.status is not None:
@@ -172,12 +182,19 @@ class JobReconciler:
             log.info("deleting %s/%s: %s", ns, name, t.event.message if t.event else "its TTL passed")
             self.kube.delete_job(ns, name)
 
-    def _ensure_children(self, ns: str, children: Sequence[Mapping[str, Any]]) -> None:
+    def _ensure_children(
+        self, ns: str, children: Sequence[Mapping[str, Any]], ensured: set[tuple[str, str]]
+    ) -> None:
         """Create the children in order (one that exists is left alone); update a ConfigMap whose
-        ``launch.json`` differs."""
+        ``launch.json`` differs. A child in ``ensured`` (this pass created or checked it already) is skipped:
+        the pass's second decision names the ServiceAccount, ConfigMap and Service again, and posting them
+        again would only earn a 409 and a read of the ConfigMap."""
         delay = float(os.environ.get(CREATE_DELAY_ENV, "0") or 0)
         for child in children:
             kind, cname = child["kind"], str(child["metadata"]["name"])
+            if (kind, cname) in ensured:
+                continue
+            ensured.add((kind, cname))
             if kind == "Pod":
                 if self.kube.create(child) and delay:
                     time.sleep(delay)
