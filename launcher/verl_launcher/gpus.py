@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -98,6 +99,7 @@ def product_label(name: str) -> str:
     return "-".join(name.split())
 
 
+@functools.lru_cache(maxsize=4096)  # called per node and job by the planner: a few spellings, many calls
 def product_key(name: str) -> str:
     """The comparison key of a GPU product name: the one rule the planner, placement and this check share.
 

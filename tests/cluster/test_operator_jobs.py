@@ -601,6 +601,51 @@ def test_render_matches_what_the_operator_creates(jobs: Jobs, tmp_path: Path) ->
     assert yaml.safe_dump(rendered)  # serialisable as the CLI prints it
 
 
+def test_a_job_posts_each_child_once_and_reads_none_back(
+    operator: LocalOperator, jobs: Jobs, kube: client.ApiClient
+) -> None:
+    """From apply to Running, a two-pod job costs one POST of its ServiceAccount, ConfigMap and Service each
+    (none answered 409, as a second post of the creating pass was), no read of its ConfigMap, the admission
+    dry run and two pod creates, and two gate removals."""
+
+    def namespaces_settled() -> bool | None:
+        # Deleting earlier tests' namespaces makes other clients post (and be refused) in them.
+        return not any(n.status.phase == "Terminating" for n in jobs.core.list_namespace().items) or None
+
+    wait_for(namespaces_settled, "earlier tests' namespaces deleted", 120)
+    time.sleep(1.0)  # the namespace's own ServiceAccount and root CA ConfigMap exist by now
+    before = _api_requests(kube)
+    assert jobs.apply(job("once", 16, 8, resources={"nodeSelector": DGX})).returncode == 0
+    jobs.wait_phase("once", "Running")
+    jobs.running_pods("once", 2)
+    time.sleep(1.0)  # the last status write and its event
+    after = _api_requests(kube)
+    made = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+    for kind in ("serviceaccounts", "configmaps", "services"):
+        assert made.get(f"POST {kind} 201") == 1.0, (kind, made)
+        assert f"POST {kind} 409" not in made, (kind, made)
+    assert not any(k.startswith("GET configmaps") for k in made), made
+    assert made.get("PATCH pods 200") == 2.0, made  # the two gate removals, nothing else
+    assert made.get("POST pods 201") == 3.0, made  # the admission dry run of the head, the two pods
+
+
+def _api_requests(kube: client.ApiClient) -> dict[str, float]:
+    """Namespaced requests the API server has served (every client), by verb, resource and HTTP code."""
+    rsp = kube.rest_client.request("GET", f"{kube.configuration.host}/metrics")
+    out: dict[str, float] = {}
+    for line in rsp.read().decode().splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.rindex("}")].split(","))
+        value = {k: v.strip('"') for k, v in labels.items()}
+        if value.get("scope") not in ("namespace", "resource"):
+            continue
+        sub = value.get("subresource", "")
+        key = f"{value.get('verb')} {value.get('resource')}{'/' + sub if sub else ''} {value.get('code')}"
+        out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def _api_reads(kube: client.ApiClient) -> dict[str, float]:
     """Namespaced GET and LIST requests the API server has served for VerlJobs and pods."""
     rsp = kube.rest_client.request("GET", f"{kube.configuration.host}/metrics")

@@ -696,3 +696,37 @@ def test_a_pass_that_finds_a_child_ensures_it_and_keeps_the_launch_spec_in_step(
     assert world.kube.requests.count(("read_configmap", f"{NAME}-launch")) == 1
     assert world.kube.objects[("ConfigMap", NS, f"{NAME}-launch")]["data"] == wanted
     assert ("Service", NS, f"{NAME}-ray") in world.kube.objects
+
+
+def test_pods_created_and_released_at_once_end_as_one_after_the_other() -> None:
+    """With threads for the pass's calls, the pods are created and released at once: the same objects, writes
+    and status as one after the other, and still only once every pod exists."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    one, many = World(), World()
+    with ThreadPoolExecutor(max_workers=4) as calls:
+        many.reconciler.calls = calls
+        for world in (one, many):
+            world.submit(with_spec(resources={"gpus": 32}))
+            world.nodes = make_nodes(4, 8)
+            world.reconcile()  # placed
+            world.reconcile()  # children created, then the gang released
+    assert many.kube.kinds() == one.kube.kinds() and len(many.kube.pods()) == 4
+    assert sorted(many.kube.writes) == sorted(one.kube.writes)
+    assert many.status() == one.status() and many.status()["reason"] == "PodsCreated"
+    ungates = [i for i, w in enumerate(many.kube.writes) if w[0] == "ungate"]
+    pod_creates = [i for i, w in enumerate(many.kube.writes) if w[0] == "create" and w[1].startswith("Pod/")]
+    assert len(ungates) == 4 and max(pod_creates) < min(ungates), "released only once all exist"
+
+
+def test_a_pod_refused_among_pods_created_at_once_makes_the_job_invalid() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    world = World()
+    world.kube.refuse_pods = 'pods "j-r0-head" is forbidden: violates PodSecurity'
+    world.submit(SPEC)
+    with ThreadPoolExecutor(max_workers=4) as calls:
+        world.reconciler.calls = calls
+        passes(2)(world)
+    assert (world.status()["phase"], world.status()["reason"]) == ("Invalid", "PodsRefused")
+    assert world.kube.pods() == {} and not [w for w in world.kube.writes if w[0] == "ungate"]

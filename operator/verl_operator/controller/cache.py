@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from verl_operator.api.spec import GROUP, PLURAL, VERSION
 from verl_operator.api.status import ACTIVE_PHASES
-from verl_operator.controller.kube import Kube
+from verl_operator.controller.kube import Kube, response_json
 from verl_operator.controller.queue import Priorities, Rank, Waiting, rank, waiting_entry
 from verl_operator.controller.refused import refusal
 from verl_operator.controller.snapshot import Snapshot, node_capacity, pod_usage_entry
@@ -321,7 +321,7 @@ class CachedKube(Kube):
 
         try:
             body: Any = dict(manifest)
-            created = self.core.create_namespaced_pod(ns, body)
+            created = self.core.create_namespaced_pod(ns, body, _preload_content=False)
         except ApiException as exc:
             if exc.status == 409:
                 return False
@@ -329,10 +329,12 @@ class CachedKube(Kube):
             if refused is not None:
                 raise refused from exc
             raise
-        self.cache.put_pod(self.api.sanitize_for_serialization(created))  # type: ignore[no-untyped-call]
+        self.cache.put_pod(response_json(created))  # the JSON itself: no V1Pod model built and taken apart
         return True
 
     def ungate(self, namespace: str, name: str) -> None:
         """Remove the pod's scheduling gates and store the pod the API server returns."""
-        pod = self.core.patch_namespaced_pod(name, namespace, {"spec": {"schedulingGates": None}})
-        self.cache.put_pod(self.api.sanitize_for_serialization(pod))  # type: ignore[no-untyped-call]
+        pod = self.core.patch_namespaced_pod(
+            name, namespace, {"spec": {"schedulingGates": None}}, _preload_content=False
+        )
+        self.cache.put_pod(response_json(pod))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol, cast
@@ -16,6 +17,14 @@ from verl_operator.controller.refused import refusal
 from verl_operator.manifests.names import LABEL_JOB
 
 COMPONENT = "verl-operator"
+
+
+def response_json(response: Any) -> dict[str, Any]:
+    """The object of a call made with ``_preload_content=False`` (the raw HTTP response), as plain JSON.
+
+    Cheaper than the client's models: it builds no ``V1Pod`` only to take it apart again.
+    """
+    return cast(dict[str, Any], json.loads(response.data))
 
 
 def now_iso() -> str:
@@ -117,18 +126,21 @@ class Kube:
         ns = manifest["metadata"]["namespace"]
         kind = manifest["kind"]
         body: Any = dict(manifest)
+        # _preload_content=False: the created object is not read, so no response model is built from it
         try:
             if kind == "Pod":
-                self.core.create_namespaced_pod(ns, body)
+                self.core.create_namespaced_pod(ns, body, _preload_content=False)
             elif kind == "ConfigMap":
-                self.core.create_namespaced_config_map(ns, body)
+                self.core.create_namespaced_config_map(ns, body, _preload_content=False)
             elif kind == "Service":
-                self.core.create_namespaced_service(ns, body)
+                self.core.create_namespaced_service(ns, body, _preload_content=False)
             elif kind == "ServiceAccount":
-                self.core.create_namespaced_service_account(ns, body)
+                self.core.create_namespaced_service_account(ns, body, _preload_content=False)
             elif kind == "PodGroup":
                 group, version = manifest["apiVersion"].split("/")
-                self.custom.create_namespaced_custom_object(group, version, ns, "podgroups", body)
+                self.custom.create_namespaced_custom_object(
+                    group, version, ns, "podgroups", body, _preload_content=False
+                )
             else:
                 raise ValueError(f"unsupported child kind {kind}")
         except ApiException as exc:
@@ -195,4 +207,4 @@ class Kube:
             "count": 1,
         }
         with contextlib.suppress(ApiException):  # an event is best effort: never fail a reconcile for it
-            self.core.create_namespaced_event(meta["namespace"], body)
+            self.core.create_namespaced_event(meta["namespace"], body, _preload_content=False)

@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 from verl_operator.api.status import VerlJobStatus, parse_status
@@ -54,6 +55,8 @@ class JobReconciler:
         snapshot: Nodes, GPU pods and reservations now (called under the placement lock).
         clock: Seconds since the epoch (deadlines, TTLs, condition times).
         node_facts: One node's facts from the node watch, None when it is gone (default: from a snapshot).
+        calls: Threads for the pod creates and gate removals of one pass, made at once (each is its own API
+            round trip); None makes them one after the other, in order.
     """
 
     def __init__(
@@ -62,7 +65,9 @@ class JobReconciler:
         snapshot: Callable[[], Snapshot],
         clock: Callable[[], float] = time.time,
         node_facts: Callable[[str], NodeFacts | None] | None = None,
+        calls: Executor | None = None,
     ) -> None:
+        self.calls = calls
         self.kube = kube
         self.snapshot = snapshot
         self.clock = clock
@@ -170,8 +175,7 @@ class JobReconciler:
         if t.reserve is not None:
             self.reservations.decided[uid] = t.reserve
         self._ensure_children(ns, t.create, set() if ensured is None else ensured)
-        for pod in t.ungate:
-            self.kube.ungate(ns, pod)
+        self._each(lambda pod: self.kube.ungate(ns, pod), t.ungate)  # every pod exists: release them
         if t.status is not None:
             patch = merge_patch(old.to_wire(), t.status.to_wire())
             if patch:
@@ -190,14 +194,14 @@ class JobReconciler:
         the pass's second decision names the ServiceAccount, ConfigMap and Service again, and posting them
         again would only earn a 409 and a read of the ConfigMap."""
         delay = float(os.environ.get(CREATE_DELAY_ENV, "0") or 0)
+        pods: list[Mapping[str, Any]] = []
         for child in children:
             kind, cname = child["kind"], str(child["metadata"]["name"])
             if (kind, cname) in ensured:
                 continue
             ensured.add((kind, cname))
             if kind == "Pod":
-                if self.kube.create(child) and delay:
-                    time.sleep(delay)
+                pods.append(child)  # after the others (the ServiceAccount, the PodGroup they name)
             elif kind == "ConfigMap":
                 if self.kube.create(child):  # created: no read needed (the usual case)
                     continue
@@ -206,3 +210,22 @@ class JobReconciler:
                     self.kube.patch_configmap_data(ns, cname, child["data"])
             else:
                 self.kube.create(child)
+        if delay:  # the test hook: one pod at a time, a pause after each created one
+            for pod in pods:
+                if self.kube.create(pod):
+                    time.sleep(delay)
+            return
+        self._each(self.kube.create, pods)
+
+    def _each(self, call: Callable[[Any], object], items: Sequence[Any]) -> None:
+        """``call`` on every item: at once on :attr:`calls` (all are waited for; then the first item's error,
+        in order, is raised), or one after the other without it."""
+        if self.calls is None or len(items) < 2:
+            for item in items:
+                call(item)
+            return
+        futures = [self.calls.submit(call, item) for item in items]
+        errors = [f.exception() for f in futures]
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
