@@ -44,7 +44,9 @@ def dry_run_problems(api: Any, pod: Mapping[str, Any]) -> list[str]:
 
     body: Any = dict(pod)
     try:
-        client.CoreV1Api(api).create_namespaced_pod(pod["metadata"]["namespace"], body, dry_run="All")
+        client.CoreV1Api(api).create_namespaced_pod(
+            pod["metadata"]["namespace"], body, dry_run="All", _preload_content=False
+        )
     except ApiException as exc:
         refused = refusal(exc, pod)
         if refused is None:

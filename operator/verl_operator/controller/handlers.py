@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,7 @@ from verl_operator.controller.webhook import (
     pod_permission_problems,
     write_self_signed,
 )
-from verl_operator.controller.webhook_server import WebhookServer
+from verl_operator.controller.webhook_server import WebhookServer, admission_response
 from verl_operator.manifests.names import LABEL_JOB
 from verl_operator.policy import PolicyError
 
@@ -36,6 +39,27 @@ log = logging.getLogger("verl_operator.handlers")
 _TASKS: list[asyncio.Task[None]] = []
 _API: list[client.ApiClient] = []  # the operator's API client, for the webhook's SubjectAccessReviews
 _POLICY = PolicySource()
+_CALLS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="admission")  # the permission checks
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf's diff base for a registry without change handlers (``on.create``/``update``/``resume``/``field``):
+    nothing to diff, so nothing is built or stored.
+
+    kopf builds the essence of every watched object on every event (a deep copy of the whole body) to detect
+    changes for those handlers; this operator has none (its watch handlers are indices and event handlers,
+    ``tests/unit/test_controller_handlers.py`` checks that), and that copy was the largest single part of its
+    event processing while a batch of jobs was created.
+    """
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
+        return {}
+
+    def fetch(self, *, body: kopf.Body) -> Any:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        return None
 
 
 @kopf.index("v1", "nodes")
@@ -138,18 +162,51 @@ def validate_job(
     checked = check_admission(dict(spec), old_spec, RUNTIME.cache.node_list(), policy=policy)
     problems, ns = checked.problems, namespace or "default"
     changed = old_spec is None or old_spec != dict(spec)
-    if not problems and changed and policy.require_pod_create_permission and _API and userinfo:
-        problems = pod_permission_problems(_API[0], dict(userinfo), ns)
-    if not problems and _API and checked.spec is not None and checked.plan is not None:
-        pod = dry_run_pod(name or "dry-run", ns, checked.spec, checked.plan, current().launcher_image)
-        problems = dry_run_problems(_API[0], pod)
+    if not problems and _API:
+        # The permission check and the dry run are two independent API calls: made at once, the review
+        # waits for the slower one only. A denied permission wins over the dry run's verdict.
+        permission: Future[list[str]] | None = None
+        if changed and policy.require_pod_create_permission and userinfo:
+            permission = _CALLS.submit(pod_permission_problems, _API[0], dict(userinfo), ns)
+        dry_run: list[str] = []
+        if checked.spec is not None and checked.plan is not None:
+            pod = dry_run_pod(name or "dry-run", ns, checked.spec, checked.plan, current().launcher_image)
+            dry_run = dry_run_problems(_API[0], pod)
+        problems = (permission.result() if permission is not None else []) or dry_run
     if problems:
         metrics.ADMISSION_DENIALS.inc()
         raise kopf.AdmissionError("VerlJob rejected:\n" + "\n".join(f"- {p}" for p in problems), code=422)
 
 
+#: kopf's id of the validating handler: the last segment of the webhook's URL path.
+WEBHOOK_ID = "verljob"
+
+
+def review_job(review: Mapping[str, Any]) -> dict[str, Any]:
+    """The AdmissionReview response for a VerlJob (the webhook server calls this on its own thread)."""
+    started = time.perf_counter()
+    request = review.get("request") or {}
+
+    def check(body: Mapping[str, Any], old: Mapping[str, Any] | None, userinfo: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        validate_job(
+            spec=body.get("spec") or {},  # type: ignore[arg-type]
+            old=old,  # type: ignore[arg-type]
+            name=meta.get("name") or request.get("name"),
+            namespace=meta.get("namespace") or request.get("namespace"),
+            userinfo=userinfo,
+        )
+
+    try:
+        return admission_response(review, check)
+    finally:
+        metrics.ADMISSION_SECONDS.observe(time.perf_counter() - started)
+
+
 if current().webhook_port:  # kopf refuses admission handlers without a webhook server
-    kopf.on.validate(GROUP, VERSION, PLURAL, id="verljob", operations=["CREATE", "UPDATE"])(validate_job)  # type: ignore[arg-type]
+    # Registered with kopf for the managed ValidatingWebhookConfiguration (its rules and URL); the reviews
+    # themselves are answered by WebhookServer's own thread through review_job.
+    kopf.on.validate(GROUP, VERSION, PLURAL, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"])(validate_job)  # type: ignore[arg-type]
 
 
 @kopf.on.probe(id="jobs")
@@ -173,9 +230,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     """kopf settings (bookkeeping out of ``status``, no event posting of logs, webhook) and the loop."""
     cfg = current()
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="verl-operator.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="verl-operator.io", key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.persistence.finalizer = "verl-operator.io/kopf-finalizer"
     settings.posting.enabled = False
     settings.watching.server_timeout = 120
@@ -187,25 +242,41 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
             )
             cert, key = str(cert_path), str(key_path)
         settings.admission.server = WebhookServer(
-            addr=cfg.webhook_listen, port=cfg.webhook_port, host=cfg.webhook_host, certfile=cert, pkeyfile=key
+            reviews={WEBHOOK_ID: review_job},
+            addr=cfg.webhook_listen,
+            port=cfg.webhook_port,
+            host=cfg.webhook_host,
+            certfile=cert,
+            pkeyfile=key,
         )
         settings.admission.managed = cfg.webhook_managed
     api = _client_from(cfg.kubeconfig)
     _API.append(api)
     cache = RUNTIME.cache
-    reconciler = JobReconciler(CachedKube(api, cache), cache.snapshot, node_facts=cache.facts_of)
+    calls = ThreadPoolExecutor(
+        max_workers=4 * cfg.workers, thread_name_prefix="api"
+    )  # pods of one pass at once
+    reconciler = JobReconciler(CachedKube(api, cache), cache.snapshot, node_facts=cache.facts_of, calls=calls)
     _TASKS.append(asyncio.create_task(RUNTIME.run(reconciler, cfg.resync_seconds, cfg.workers)))
 
 
+#: Connections kept to the API server: the reconcile workers, their pod calls and the webhook's at once.
+API_CONNECTIONS = 32
+
+
 def _client_from(kubeconfig: str | None) -> client.ApiClient:
+    configuration = client.Configuration()
     if kubeconfig:
-        api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-        return api
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    return client.ApiClient()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    # The client's default pool (5 per CPU) is smaller than the calls made at once: a call over the pool's size
+    # would open a connection (a TLS handshake) only to drop it afterwards.
+    configuration.connection_pool_maxsize = API_CONNECTIONS
+    return client.ApiClient(configuration)
 
 
 @kopf.on.cleanup()

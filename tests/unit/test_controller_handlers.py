@@ -1,0 +1,57 @@
+"""The kopf registrations' contract with the settings they run under, and the webhook's review glue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from verl_operator.controller import handlers, metrics
+
+
+def test_no_change_handlers_so_no_diff_base_is_built() -> None:
+    """NoDiffBase (no essence built per event) is only right while nothing registers on.create/update/
+    resume/delete/field: such a handler needs kopf's diff base."""
+    registry = kopf.get_default_registry()
+    assert registry._changing.get_all_handlers() == []
+    assert registry._spawning.get_all_handlers() == []  # daemons and timers would want the diff too
+    assert len(registry._indexing.get_all_handlers()) >= 4 and registry._watching.get_all_handlers()
+    storage = handlers.NoDiffBase()
+    body = kopf.Body({"metadata": {"name": "j"}, "spec": {"a": 1}})
+    assert storage.build(body=body) == {} and storage.fetch(body=body) is None
+
+
+def _review(spec: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
+    obj = {
+        "apiVersion": "verl-operator.io/v1alpha1",
+        "kind": "VerlJob",
+        "metadata": {"name": "j"},
+        "spec": spec,
+    }
+    request = {"uid": "r-1", "operation": operation, "namespace": "team", "userInfo": {"username": "u"}}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {**request, "object": obj},
+    }
+
+
+def _count() -> float:
+    samples = metrics.ADMISSION_SECONDS.collect()[0].samples
+    return next(s.value for s in samples if s.name == "verl_operator_admission_seconds_count")
+
+
+def test_review_job_denies_an_invalid_spec_naming_the_field_and_times_the_review() -> None:
+    before = _count()
+    answer = handlers.review_job(_review({"verl": {"image": "example.com/verl:0.9.1"}}))["response"]
+    assert answer["uid"] == "r-1" and answer["allowed"] is False
+    assert answer["status"]["code"] == 422
+    assert answer["status"]["message"].startswith("VerlJob rejected:\n- spec.model")
+    assert _count() == before + 1
+
+
+def test_review_job_admits_an_unchanged_update_without_planning() -> None:
+    spec = {"verl": {"image": "example.com/verl:0.9.1"}}
+    review = _review(spec, "UPDATE")
+    review["request"]["oldObject"] = review["request"]["object"]
+    assert handlers.review_job(review)["response"]["allowed"] is True

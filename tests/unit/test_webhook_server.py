@@ -1,0 +1,203 @@
+"""The webhook server: AdmissionReview responses as kopf builds them, served on a thread of its own over TLS.
+
+The server tests run the real server (aiohttp, TLS with the operator's self-signed certificate) on loopback
+and post reviews to it with the standard library's HTTPS client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+
+from verl_operator.controller.webhook import write_self_signed
+from verl_operator.controller.webhook_server import (
+    MAX_REVIEW_BYTES,
+    BadReview,
+    WebhookServer,
+    admission_response,
+)
+
+USER = {"username": "alice", "groups": ["system:authenticated"]}
+
+
+def review(operation: str = "CREATE", **request: Any) -> dict[str, Any]:
+    body = {"metadata": {"name": "j", "namespace": "team"}, "spec": {"suspend": False}}
+    req = {"uid": "u-1", "operation": operation, "userInfo": USER, "object": body, **request}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}
+
+
+def deny(body: Mapping[str, Any], old: Mapping[str, Any] | None, user: Mapping[str, Any]) -> None:
+    raise kopf.AdmissionError(f"VerlJob rejected:\n- spec: no ({body['metadata']['name']})", code=422)
+
+
+def broken(body: Mapping[str, Any], old: Mapping[str, Any] | None, user: Mapping[str, Any]) -> None:
+    raise KeyError("surprise")
+
+
+def admit(body: Mapping[str, Any], old: Mapping[str, Any] | None, user: Mapping[str, Any]) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("req", "check", "allowed", "status"),
+    [
+        pytest.param(review(), admit, True, None, id="admitted"),
+        pytest.param(
+            review(), deny, False, {"code": 422, "message": "VerlJob rejected:\n- spec: no (j)"}, id="denied"
+        ),
+        pytest.param(review(), broken, False, {"code": 500, "message": "'surprise'"}, id="handler-error-500"),
+        pytest.param(review("UPDATE", oldObject={"spec": {}}), deny, False, None, id="update-checked"),
+        pytest.param(
+            review("DELETE", object=None, oldObject={"spec": {}}), deny, True, None, id="delete-allowed"
+        ),
+        pytest.param(review("CONNECT"), deny, True, None, id="connect-allowed"),
+    ],
+)
+def test_admission_response(
+    req: dict[str, Any], check: Any, allowed: bool, status: dict[str, Any] | None
+) -> None:
+    response = admission_response(req, check)
+    assert response["apiVersion"] == "admission.k8s.io/v1" and response["kind"] == "AdmissionReview"
+    assert response["response"]["uid"] == "u-1"
+    assert response["response"]["allowed"] is allowed
+    if status is not None:
+        assert response["response"]["status"] == status
+    assert ("status" in response["response"]) is (not allowed)
+
+
+def test_the_check_sees_the_object_the_old_object_and_the_user() -> None:
+    seen: list[Any] = []
+    old = {"metadata": {"name": "j"}, "spec": {"suspend": True}}
+    admission_response(review("UPDATE", oldObject=old), lambda b, o, u: seen.append((b["spec"], o, u)))
+    assert seen == [({"suspend": False}, old, USER)]
+
+
+@pytest.mark.parametrize(
+    "req",
+    [
+        pytest.param({"apiVersion": "admission.k8s.io/v1"}, id="no-request"),
+        pytest.param(review(userInfo=None), id="no-user"),
+        pytest.param(review(object=None), id="no-object"),
+    ],
+)
+def test_an_unusable_review_is_a_bad_request(req: dict[str, Any]) -> None:
+    with pytest.raises(BadReview):
+        admission_response(req, admit)
+
+
+class Served:
+    """A WebhookServer started in an event loop of the test's own (standing in for kopf's)."""
+
+    def __init__(self, tmp: Path, reviews: dict[str, Any], fn: Any = None) -> None:
+        cert, key = write_self_signed(tmp / "tls")
+        self.server = WebhookServer(reviews=reviews, addr="127.0.0.1", certfile=str(cert), pkeyfile=str(key))
+        self.ctx = ssl.create_default_context(cafile=str(cert))
+        self.fn = fn
+
+    def post(self, url: str, payload: bytes) -> tuple[int, Any]:
+        req = urllib.request.Request(url, data=payload, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, context=self.ctx, timeout=20) as rsp:
+                return rsp.status, json.loads(rsp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, None
+
+
+def run_loop(body: Any) -> Any:
+    return asyncio.run(body())
+
+
+def test_a_review_is_answered_while_the_operators_event_loop_is_busy(tmp_path: Path) -> None:
+    """kopf's loop is blocked (as by a burst of watch events) until the review has its answer: the server
+    answers on its own thread, so the review does not wait for the loop."""
+    served = Served(tmp_path, {"verljob": lambda r: admission_response(r, deny)})
+    answers: list[tuple[int, Any]] = []
+    answered = threading.Event()
+
+    async def body() -> None:
+        gen = served.server(served.fn)
+        config = await gen.__anext__()
+        assert config["url"].startswith("https://127.0.0.1:") and config["caBundle"]
+
+        def client() -> None:
+            answers.append(served.post(config["url"] + "/verljob", json.dumps(review()).encode()))
+            answered.set()
+
+        threading.Thread(target=client, daemon=True).start()
+        answered.wait(15)  # blocks this event loop: nothing in it runs until the answer came
+        await gen.aclose()
+
+    run_loop(body)
+    assert answers and answers[0][0] == 200
+    assert answers[0][1]["response"]["allowed"] is False
+    assert answers[0][1]["response"]["status"]["code"] == 422
+
+
+def test_other_webhook_ids_go_to_kopf_in_its_loop(tmp_path: Path) -> None:
+    calls: list[tuple[Any, Any, bool]] = []
+
+    async def body() -> None:
+        kopf_loop = asyncio.get_running_loop()
+
+        async def fn(data: Any, *, webhook: Any, sslpeer: Any, headers: Any) -> dict[str, Any]:
+            calls.append((data["request"]["uid"], webhook, asyncio.get_running_loop() is kopf_loop))
+            return {"response": {"uid": data["request"]["uid"], "allowed": True}}
+
+        served = Served(tmp_path, {"verljob": lambda r: admission_response(r, deny)}, fn)
+        gen = served.server(fn)
+        config = await gen.__anext__()
+        status, answer = await asyncio.to_thread(
+            served.post, config["url"] + "/other", json.dumps(review()).encode()
+        )
+        await gen.aclose()
+        assert status == 200 and answer["response"]["allowed"] is True
+
+    run_loop(body)
+    assert calls == [("u-1", "other", True)]
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "allowed"),
+    [
+        pytest.param(b"{not json", 400, None, id="not-json-400"),
+        pytest.param(
+            b'{"apiVersion":"admission.k8s.io/v1","request":{"uid":"d","object":' + b"[" * 100000,
+            200,
+            False,
+            id="too-deep-denied",
+        ),
+        pytest.param(json.dumps(review(userInfo=None)).encode(), 400, None, id="no-user-400"),
+        pytest.param(
+            json.dumps(review(padding="x" * (2 * 1024 * 1024))).encode(),
+            200,
+            False,
+            id="2MiB-read-and-checked",
+        ),
+        pytest.param(b"{" + b" " * (MAX_REVIEW_BYTES + 1) + b"}", 413, None, id="over-the-limit-413"),
+    ],
+)
+def test_hostile_requests(tmp_path: Path, payload: bytes, status: int, allowed: bool | None) -> None:
+    served = Served(tmp_path, {"verljob": lambda r: admission_response(r, deny)})
+    results: list[tuple[int, Any]] = []
+
+    async def body() -> None:
+        gen = served.server(None)
+        config = await gen.__anext__()
+        results.append(await asyncio.to_thread(served.post, config["url"] + "/verljob", payload))
+        await gen.aclose()
+
+    run_loop(body)
+    code, answer = results[0]
+    assert code == status
+    if allowed is not None:
+        assert answer["response"]["allowed"] is allowed
