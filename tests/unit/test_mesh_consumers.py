@@ -271,3 +271,37 @@ def test_the_node_filter_and_the_pods_use_one_cpu_request(cpu: str | None, feasi
     assert result.plan.cpu_per_node == pod_cpu(cpu, 8) == (cpu or "26")
     pods = [c for c in render(job, nodes) if c["kind"] == "Pod"]
     assert {p["spec"]["containers"][0]["resources"]["requests"]["cpu"] for p in pods} == {pod_cpu(cpu, 8)}
+
+
+@pytest.mark.parametrize(
+    "scheduling", [{"queueName": "gpu-queue"}, {"scheduler": "volcano"}], ids=["kueue", "volcano"]
+)
+@pytest.mark.parametrize("model", MODELS)
+def test_pods_another_scheduler_places_keep_to_the_planned_pool(
+    scheduling: dict[str, str], model: str
+) -> None:
+    # On the mixed profile (H100, L40S, A100 PCIe) without a gpuProduct in the spec, the plan is for one pool and
+    # launch.json expects that pool's product. Kueue and Volcano choose the nodes themselves: the pods' node
+    # selector names the same product, or a pod could land on another pool and fail the launcher's check.
+    nodes = _nodes("mixed")
+    spec = VerlJobSpec.model_validate(
+        {
+            "verl": {"image": "verl:x"},
+            "model": {"path": model},
+            "resources": {"gpus": 8},
+            "scheduling": scheduling,
+        }
+    )
+    plan = plan_job(spec, nodes).plan
+    assert plan is not None
+    launch_plan = LaunchPlan.from_plan(plan, spec)
+    children = build_children(
+        {"metadata": {"name": "m", "namespace": "default", "uid": "u"}}, spec, launch_plan, 0
+    )
+    launch = _launch_spec(children)
+    assert launch.expect.gpu_product == plan.node_pool.gpu_product
+    pods = [c for c in children if c["kind"] == "Pod"]
+    assert len(pods) == plan.nnodes
+    for pod in pods:
+        assert "affinity" not in pod["spec"], "the other scheduler chooses the nodes"
+        assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": plan.node_pool.gpu_product}

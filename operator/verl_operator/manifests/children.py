@@ -288,12 +288,15 @@ def _schedule(
                 }
             }
         }
-    elif spec.resources.node_selector or spec.resources.gpu_product:
+    else:
         selector = dict(spec.resources.node_selector)
-        if spec.resources.gpu_product:
-            # The label value of the planned nodes: the spec may use another spelling (nvidia-smi's).
-            selector["nvidia.com/gpu.product"] = plan.gpu_product or spec.resources.gpu_product
-        pod_spec["nodeSelector"] = selector
+        # The product the plan (and the launcher's check, expect.gpuProduct) is for: the planned pool's label
+        # value (the spec may use another spelling, nvidia-smi's), so a scheduler of its own keeps to that pool.
+        product = plan.gpu_product or spec.resources.gpu_product
+        if product:
+            selector["nvidia.com/gpu.product"] = product
+        if selector:
+            pod_spec["nodeSelector"] = selector
 
 
 def _ports(role: str) -> list[dict[str, Any]]:

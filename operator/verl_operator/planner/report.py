@@ -79,7 +79,7 @@ def build_result(
         nvlink_group_per_node=mesh.nvlink_group_per_node,
         world_size=mesh.world,
         data_parallel_size=mesh.data_parallel_size,
-        sequence_parallel_size=s.sequence_parallel_size,
+        sequence_parallel_size=mesh.sequence_parallel_size,
         fsdp_size=s.fsdp_size,
         rollout=_rollout_plan(p, s, mesh, est),
         batching=_batching_plan(s, mesh),

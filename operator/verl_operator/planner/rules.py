@@ -20,11 +20,7 @@ from verl_operator.planner.arith import or_text as _or
 from verl_operator.planner.inputs import SPEC_PATHS, Problem, Settings
 from verl_operator.planner.mesh import Mesh, heads_allow_sp
 from verl_operator.planner.result import Violation
-from verl_operator.planner.rules_critic import (
-    critic_data_parallel_size,
-    critic_mesh,
-    critic_micro_divides_mini,
-)
+from verl_operator.planner.rules_critic import critic_mesh, critic_micro_divides_mini
 from verl_operator.planner.rules_rollout import (
     batched_tokens_cover_model_len,
     max_model_len,
@@ -40,7 +36,6 @@ __all__ = [
     "Rule",
     "batched_tokens_cover_model_len",
     "check",
-    "critic_data_parallel_size",
     "critic_mesh",
     "critic_micro_divides_mini",
     "divisors",

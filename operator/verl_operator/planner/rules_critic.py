@@ -15,11 +15,6 @@ def _field(p: Problem, name: str) -> str:
     return p.source(name, SPEC_PATHS.get(name, name))
 
 
-def critic_data_parallel_size(p: Problem, s: Settings) -> int:
-    """The critic's data-parallel size: world / the critic's own Ulysses SP (verl's default 1)."""
-    return Mesh.of(p, s).critic_data_parallel_size
-
-
 def critic_mesh(p: Problem, s: Settings) -> list[Violation]:
     """Rules 10, 11 and 21 for the critic (ppo), whose Ulysses SP is its own setting."""
     if not p.needs_critic:
@@ -41,7 +36,7 @@ def critic_mesh(p: Problem, s: Settings) -> list[Violation]:
                 suggestions=["use the actor's sequenceParallelSize for the critic, or 1"],
             )
         ]
-    dp = critic_data_parallel_size(p, s)
+    dp = Mesh.of(p, s).critic_data_parallel_size  # world / the critic's own Ulysses SP (verl's default 1)
     total = s.ppo_mini_batch_size * s.rollout_n
     if total % dp == 0 and total >= dp:
         return []
