@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from test_plan_places import jobs
 
 from verl_launcher.check import check_node
 from verl_launcher.gpus import Gpu
@@ -305,3 +307,32 @@ def test_pods_another_scheduler_places_keep_to_the_planned_pool(
     for pod in pods:
         assert "affinity" not in pod["spec"], "the other scheduler chooses the nodes"
         assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": plan.node_pool.gpu_product}
+
+
+@pytest.mark.parametrize("cluster", sorted(CLUSTERS))
+def test_a_feasible_plan_passes_the_launchers_check_on_every_chosen_node(cluster: str) -> None:
+    # For generated specs (products in any spelling, pinned TP, NVLink required or not) on every shipped profile:
+    # plan feasible on an empty cluster => each rendered pod asks the plan's GPUs and CPUs, and the launcher's
+    # check of the node it is placed on, against that pod's launch.json, finds nothing.
+    nodes = _nodes(cluster)
+    by_name = {n["metadata"]["name"]: n for n in nodes}
+
+    @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(job=jobs(nodes))
+    def check(job: dict[str, Any]) -> None:
+        plan = plan_job(VerlJobSpec.model_validate(job["spec"]), nodes).plan
+        if plan is None:
+            return
+        children = render(job, nodes)
+        launch = _launch_spec(children)
+        assert launch.expect.nvlink_group_size == plan.nvlink_group_per_node
+        for pod in (c for c in children if c["kind"] == "Pod"):
+            requests = pod["spec"]["containers"][0]["resources"]["requests"]
+            assert (requests["cpu"], requests["nvidia.com/gpu"]) == (
+                plan.cpu_per_node,
+                str(plan.gpus_per_node),
+            )
+            node = by_name[pod["metadata"]["annotations"]["verl-operator.io/node"]]
+            assert check_node(_probe(node, plan), launch) == []
+
+    check()
