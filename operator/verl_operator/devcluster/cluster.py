@@ -2,41 +2,52 @@
 kwok-simulated GPU nodes, on loopback ports of its own, managed by pid.
 
 Several instances run side by side: each has a name, a directory (``<cache>/devclusters/<name>``) and ports
-picked at its first start and kept in its state file.
+picked at its first start and kept in its state file. The class is the instance's lifecycle; the state file
+is :mod:`~verl_operator.devcluster.instancestate`, the control plane's processes
+:mod:`~verl_operator.devcluster.controlplane` and the real nodes :mod:`~verl_operator.devcluster.realnodes`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import shutil
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
+from kubernetes import client
 
-from verl_operator.devcluster import binaries, health, hostchanges, instance_files, nodes, process, realnodes
-from verl_operator.devcluster.layout import COMPONENTS, Layout, apiserver_url, component_argv
+from verl_operator.devcluster import binaries, health, hostchanges, nodes, realnodes
+from verl_operator.devcluster.controlplane import (
+    admin_client,
+    running_components,
+    start_control_plane,
+    stop_control_plane,
+    wait_healthy,
+)
+from verl_operator.devcluster.errors import DevClusterError
+from verl_operator.devcluster.instancestate import (
+    choose_ports,
+    plan_instance_network,
+    read_state,
+    saved_network,
+    write_state,
+)
+from verl_operator.devcluster.layout import COMPONENTS, Layout, apiserver_url
 from verl_operator.devcluster.locking import file_lock
-from verl_operator.devcluster.nodenet import NodeNetwork, plan_network
-from verl_operator.devcluster.ports import PORT_NAMES, pick_free_ports, port_is_free
+from verl_operator.devcluster.nodenet import NodeNetwork
 from verl_operator.devcluster.profiles import DEFAULT_PROFILE, Profile, load_profile
 from verl_operator.devcluster.status import ComponentStatus, DevClusterStatus
 from verl_operator.devcluster.versions import cache_dir
+
+__all__ = ["START_TIMEOUT", "DevCluster", "DevClusterError"]
 
 #: Seconds to wait for each component to become healthy (cold start of the API server takes ~10 s).
 START_TIMEOUT = 120.0
 
 _INSTANCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
-class DevClusterError(RuntimeError):
-    """The devcluster could not be started or used (the message names the component and shows its log)."""
 
 
 class DevCluster:
@@ -98,37 +109,16 @@ class DevCluster:
         return self.layout.kubeconfig
 
     def _state(self) -> dict[str, Any]:
-        try:
-            data: dict[str, Any] = json.loads(self.layout.state_file.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-        return data
+        return read_state(self.layout)
 
     def _save_state(self, state: dict[str, Any]) -> None:
-        self.layout.base.mkdir(parents=True, exist_ok=True)
-        tmp = self.layout.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-        tmp.replace(self.layout.state_file)
-
-    def _ports(self, state: dict[str, Any]) -> dict[str, int]:
-        saved: dict[str, int] = state.get("ports", {})
-        if set(saved) >= set(PORT_NAMES):
-            busy = [f"{k}={p}" for k, p in saved.items() if not port_is_free(p)]
-            if not busy:
-                return saved
-            self._say(f"saved ports taken by other programs ({', '.join(busy)}): picking new ones")
-        return pick_free_ports(
-            PORT_NAMES, avoid=_ports_of_other_instances(self.layout.base.parent, self.name)
-        )
+        write_state(self.layout, state)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
     def network(self) -> NodeNetwork | None:
         """The real-node network of the instance (None without real nodes)."""
-        saved = self._state().get("network")
-        if not saved:
-            return None
-        return NodeNetwork(**{**saved, "node_ips": tuple(saved["node_ips"])})
+        return saved_network(self._state())
 
     @property
     def api_host(self) -> str:
@@ -138,12 +128,7 @@ class DevCluster:
 
     def running_components(self) -> dict[str, bool]:
         """Whether each component's saved pid still runs its binary."""
-        state = self._state()
-        out = {}
-        for component in COMPONENTS:
-            entry = state.get("processes", {}).get(component)
-            out[component] = bool(entry) and process.alive(int(entry["pid"]), entry.get("started"))
-        return out
+        return running_components(self._state())
 
     def is_running(self) -> bool:
         """Every component runs and the API server answers ``/readyz``."""
@@ -173,7 +158,8 @@ class DevCluster:
         with self._instance_lock():
             if all(self.running_components().values()):
                 # Already running: wait for the API (it may be busy) rather than restarting anything.
-                self._wait_healthy("kube-apiserver", self.pids()["kube-apiserver"], self.ports(), timeout)
+                pid = self.pids()["kube-apiserver"]
+                wait_healthy(self.layout, "kube-apiserver", pid, self.ports(), self.api_host, timeout)
                 self._say(f"already running ({apiserver_url(self.ports(), self.api_host)})")
             else:
                 self._start(timeout)
@@ -181,23 +167,6 @@ class DevCluster:
             if self.network() is not None:
                 self._start_real_nodes(loaded)
         return self
-
-    def _plan_network(self, state: dict[str, Any]) -> NodeNetwork | None:
-        network = self.network()
-        if self.real_nodes and network is None:
-            if self.layout.pki.is_dir():
-                raise DevClusterError(
-                    f"devcluster {self.name!r} was created without real nodes: "
-                    f"`verl-operator devcluster down --name {self.name}` it first"
-                )
-            network = plan_network(self.name, self.real_nodes, hostchanges.networks_in_use())
-            state["network"] = {**network.__dict__, "node_ips": list(network.node_ips)}
-        elif network is not None and self.real_nodes > len(network.node_ips):
-            raise DevClusterError(
-                f"devcluster {self.name!r} was created with {len(network.node_ips)} real nodes: "
-                "`down` it to change the number"
-            )
-        return network
 
     def _start_real_nodes(self, profile: Profile) -> None:
         network = self.network()
@@ -228,89 +197,37 @@ class DevCluster:
             yield
 
     def _start(self, timeout: float) -> None:
+        """Start the control plane on the instance's data (stopping what is left of a partial run first)."""
         if any(self.running_components().values()):
             self._say("partly running: stopping what is left before starting again")
             self._stop_processes()
         paths = binaries.ensure(COMPONENTS, progress=self._say)
         state = self._state()
-        network = self._plan_network(state)
+        network = plan_instance_network(self.layout, self.name, self.real_nodes, state)
         if network is not None:
             realnodes.ensure_host_packages(self._say)
             realnodes.claim(self.layout, self.name)
-        ports = self._ports(state)
+        ports = choose_ports(state, self.layout, self.name, self._say)
         state.update({"name": self.name, "ports": ports, "processes": {}})
         self._save_state(state)
         if network is not None:
             realnodes.create_network(network, state)
             self._save_state(state)
-        host = network.api_ip if network else "127.0.0.1"
-        for directory in (self.layout.logs, self.layout.etcd_data):
-            directory.mkdir(parents=True, exist_ok=True)
-        self.layout.etcd_data.chmod(0o700)
-        if network is None:
-            instance_files.write_pki(self.layout, self.name)
-        else:
-            instance_files.write_pki(self.layout, self.name, (network.kubernetes_service_ip, network.api_ip))
-        instance_files.write_kubeconfigs(self.layout, self.name, ports, host)
-        instance_files.write_kwok_config(self.layout)
-        started = time.monotonic()
-        try:
-            for component in COMPONENTS:
-                argv = component_argv(component, paths[component], self.layout, ports, self.name, network)
-                pid = process.start(argv, self.layout.log(component), self.layout.base)
-                state["processes"][component] = {
-                    "pid": pid,
-                    "executable": argv[0],
-                    "started": process.start_time(pid),
-                }
-                self._save_state(state)
-                self._wait_healthy(component, pid, ports, timeout)
-            self._wait_default_service_account(timeout)
-        except BaseException:
-            self._stop_processes()
-            raise
-        self._say(f"control plane ready in {time.monotonic() - started:.1f}s at {apiserver_url(ports, host)}")
-
-    def _fail(self, component: str, why: str) -> DevClusterError:
-        log = self.layout.log(component)
-        tail = process.log_tail(log, 25)
-        return DevClusterError(f"{component} {why}; last lines of {log}:\n{tail}")
-
-    def _wait_healthy(self, component: str, pid: int, ports: dict[str, int], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not process.alive(pid):
-                raise self._fail(component, "exited during start")
-            if health.component_healthy(component, ports, self.layout.pki, self.api_host):
-                return
-            time.sleep(0.2)
-        raise self._fail(component, f"did not become healthy within {timeout:.0f}s")
-
-    def _wait_default_service_account(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        with self.api_client() as api:
-            core = client.CoreV1Api(api)
-            while time.monotonic() < deadline:
-                try:
-                    core.read_namespaced_service_account("default", "default")
-                    return
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
-                if not self.running_components()["kube-controller-manager"]:
-                    raise self._fail("kube-controller-manager", "exited")
-                time.sleep(0.2)
-        raise self._fail("kube-controller-manager", "did not create the 'default' ServiceAccount in time")
+        start_control_plane(
+            layout=self.layout,
+            name=self.name,
+            paths=paths,
+            ports=ports,
+            network=network,
+            state=state,
+            save=lambda: self._save_state(state),
+            timeout=timeout,
+            say=self._say,
+        )
 
     def _stop_processes(self) -> None:
         state = self._state()
-        for component in reversed(COMPONENTS):
-            entry = state.get("processes", {}).get(component)
-            if entry:
-                process.stop(int(entry["pid"]), entry.get("started"))
-        if state:
-            state["processes"] = {}
-            self._save_state(state)
+        stop_control_plane(self.layout, state, lambda: self._save_state(state))
 
     def down(self) -> None:
         """Stop every process of the instance (by pid, waiting for each) and remove its directory."""
@@ -357,14 +274,7 @@ class DevCluster:
 
     def api_client(self) -> client.ApiClient:
         """A Kubernetes API client authenticated as the admin (``system:masters``)."""
-        if not self.layout.kubeconfig.is_file():
-            raise DevClusterError(
-                f"devcluster {self.name!r} has no kubeconfig: run `verl-operator devcluster up`"
-            )
-        api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(self.layout.kubeconfig)
-        )
-        return api
+        return admin_client(self.layout, self.name)
 
     def _record_profile(self, profile_name: str, present: bool) -> None:
         state = self._state()
@@ -447,15 +357,3 @@ class DevCluster:
     def pids(self) -> dict[str, int]:
         """The pid of each started component."""
         return {c: int(e["pid"]) for c, e in self._state().get("processes", {}).items()}
-
-
-def _ports_of_other_instances(devclusters_dir: Path, own: str) -> set[int]:
-    taken: set[int] = set()
-    for state_file in devclusters_dir.glob("*/state.json"):
-        if state_file.parent.name == own:
-            continue
-        try:
-            taken.update(int(p) for p in json.loads(state_file.read_text()).get("ports", {}).values())
-        except (json.JSONDecodeError, OSError, ValueError):
-            continue
-    return taken
