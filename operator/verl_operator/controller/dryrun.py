@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl_operator.api.spec import VerlJobSpec
+from verl_operator.controller.kube import drained
 from verl_operator.controller.refused import refusal
 from verl_operator.manifests import LaunchPlan, build_children
 
@@ -44,8 +45,10 @@ def dry_run_problems(api: Any, pod: Mapping[str, Any]) -> list[str]:
 
     body: Any = dict(pod)
     try:
-        client.CoreV1Api(api).create_namespaced_pod(
-            pod["metadata"]["namespace"], body, dry_run="All", _preload_content=False
+        drained(
+            client.CoreV1Api(api).create_namespaced_pod(
+                pod["metadata"]["namespace"], body, dry_run="All", _preload_content=False
+            )
         )
     except ApiException as exc:
         refused = refusal(exc, pod)

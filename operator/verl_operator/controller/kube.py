@@ -22,9 +22,17 @@ COMPONENT = "verl-operator"
 def response_json(response: Any) -> dict[str, Any]:
     """The object of a call made with ``_preload_content=False`` (the raw HTTP response), as plain JSON.
 
-    Cheaper than the client's models: it builds no ``V1Pod`` only to take it apart again.
+    Cheaper than the client's models: it builds no ``V1Pod`` only to take it apart again. Reading the whole
+    body also hands the connection back to the pool.
     """
     return cast(dict[str, Any], json.loads(response.data))
+
+
+def drained(response: Any) -> None:
+    """Read and drop the body of a call made with ``_preload_content=False``: an unread response keeps its
+    connection out of the pool, and the next call would open a new one (a TLS handshake)."""
+    response.read()
+    response.release_conn()
 
 
 def now_iso() -> str:
@@ -126,20 +134,22 @@ class Kube:
         ns = manifest["metadata"]["namespace"]
         kind = manifest["kind"]
         body: Any = dict(manifest)
-        # _preload_content=False: the created object is not read, so no response model is built from it
+        # _preload_content=False: the created object is not needed, so no response model is built from it
         try:
             if kind == "Pod":
-                self.core.create_namespaced_pod(ns, body, _preload_content=False)
+                drained(self.core.create_namespaced_pod(ns, body, _preload_content=False))
             elif kind == "ConfigMap":
-                self.core.create_namespaced_config_map(ns, body, _preload_content=False)
+                drained(self.core.create_namespaced_config_map(ns, body, _preload_content=False))
             elif kind == "Service":
-                self.core.create_namespaced_service(ns, body, _preload_content=False)
+                drained(self.core.create_namespaced_service(ns, body, _preload_content=False))
             elif kind == "ServiceAccount":
-                self.core.create_namespaced_service_account(ns, body, _preload_content=False)
+                drained(self.core.create_namespaced_service_account(ns, body, _preload_content=False))
             elif kind == "PodGroup":
                 group, version = manifest["apiVersion"].split("/")
-                self.custom.create_namespaced_custom_object(
-                    group, version, ns, "podgroups", body, _preload_content=False
+                drained(
+                    self.custom.create_namespaced_custom_object(
+                        group, version, ns, "podgroups", body, _preload_content=False
+                    )
                 )
             else:
                 raise ValueError(f"unsupported child kind {kind}")
@@ -207,4 +217,4 @@ class Kube:
             "count": 1,
         }
         with contextlib.suppress(ApiException):  # an event is best effort: never fail a reconcile for it
-            self.core.create_namespaced_event(meta["namespace"], body, _preload_content=False)
+            drained(self.core.create_namespaced_event(meta["namespace"], body, _preload_content=False))
