@@ -230,6 +230,10 @@ def _operator_metrics(text: str) -> dict[str, float]:
     buckets = S.histogram_buckets(text, "verl_operator_plan_and_place_seconds")
     out["plan_and_place_p50_ms"] = S.histogram_quantile(buckets, 0.5) * 1000
     out["plan_and_place_p99_ms"] = S.histogram_quantile(buckets, 0.99) * 1000
+    review = S.histogram_buckets(text, "verl_operator_admission_seconds")
+    if review:
+        out["webhook_p50_ms"] = S.histogram_quantile(review, 0.5) * 1000
+        out["webhook_p99_ms"] = S.histogram_quantile(review, 0.99) * 1000
     count = out.get("verl_operator_plan_and_place_seconds_count", 0.0)
     if count:
         out["plan_and_place_mean_ms"] = out["verl_operator_plan_and_place_seconds_sum"] / count * 1000
@@ -411,6 +415,16 @@ def report(scenario: S.Scenario, runs: dict[str, RunResult]) -> str:
         2,
     )
     row("plan + place one job, mean ms", lambda r: r.operator_metrics.get("plan_and_place_mean_ms"), 2)
+    row(
+        "webhook's own answer p50 ms (operator histogram)",
+        lambda r: r.operator_metrics.get("webhook_p50_ms"),
+        1,
+    )
+    row(
+        "webhook's own answer p99 ms (operator histogram)",
+        lambda r: r.operator_metrics.get("webhook_p99_ms"),
+        1,
+    )
     row("reconcile passes (whole run)", lambda r: r.operator_metrics.get("verl_operator_reconciles_total"), 0)
     lines.append("")
     for phase in ("create", "steady"):
