@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import make_nodes, make_spec
 from hypothesis import HealthCheck, given, settings
 from test_plan_places import jobs
 
@@ -25,7 +26,7 @@ from verl_launcher.topology import Topology
 from verl_operator.api.plan import Plan
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.commands.plan import load_nodes
-from verl_operator.commands.render import render
+from verl_operator.commands.render import RenderError, render
 from verl_operator.manifests import LaunchPlan, build_children
 from verl_operator.placement import request_from_plan
 from verl_operator.planner import plan_job
@@ -336,3 +337,48 @@ def test_a_feasible_plan_passes_the_launchers_check_on_every_chosen_node(cluster
             assert check_node(_probe(node, plan), launch) == []
 
     check()
+
+
+@pytest.mark.parametrize(
+    ("cliques", "tp", "placed_in"),
+    [
+        pytest.param((4,), 8, "c0", id="one-clique"),
+        pytest.param((3, 4), 8, "c1", id="the-clique-of-four"),
+        pytest.param((4, 4), 4, None, id="groups-inside-nodes"),
+        # Groups of 8 (two nodes) fit two cliques of two nodes each, but placement keeps a job whose group spans
+        # nodes in one clique: the planner once called this feasible, and it then waited for capacity forever.
+        pytest.param((2, 2), 8, "infeasible", id="two-cliques-of-two"),
+        pytest.param((3, 3), 8, "infeasible", id="two-cliques-of-three"),
+    ],
+)
+def test_the_planner_and_placement_agree_on_nvlink_cliques(
+    cliques: tuple[int, ...], tp: int, placed_in: str | None
+) -> None:
+    nodes = [
+        node
+        for i, count in enumerate(cliques)
+        for node in make_nodes(
+            count, 4, "NVIDIA-GB200", 189471, labels={"nvidia.com/gpu.clique": f"c{i}"}, prefix=f"c{i}"
+        )
+    ]
+    spec = make_spec(
+        16,
+        model="Qwen/Qwen2.5-32B-Instruct",
+        rollout={"tensorParallelSize": tp},
+        placement={"nvlink": "required"},
+    )
+    result = plan_job(spec, nodes)
+    if placed_in == "infeasible":
+        assert not result.feasible
+        assert "nvlink-domain" in {v.rule for v in result.violations}
+        return
+    assert result.plan is not None, result.violations
+    job = _job(spec.model_dump(mode="json", by_alias=True, exclude_unset=True))
+    try:
+        pods = [c for c in render(job, nodes) if c["kind"] == "Pod"]
+    except RenderError as exc:  # a feasible plan on an empty cluster must place
+        pytest.fail(f"feasible but not placed: {exc}")
+    placed = {p["metadata"]["annotations"]["verl-operator.io/node"] for p in pods}
+    assert len(placed) == result.plan.nnodes == 4
+    if placed_in is not None:
+        assert {name.split("-")[0] for name in placed} == {placed_in}

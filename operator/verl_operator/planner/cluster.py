@@ -189,7 +189,9 @@ def layouts(pool: Pool, spec: VerlJobSpec, gpus_per_node: int | None) -> list[La
         chosen = [n for n in fitting if n.name in candidate_set]
         cliques = {n.clique for n in chosen}
         if None not in cliques and chosen:
+            # A group larger than a node needs the job's nodes in one clique (placement puts all of them there).
             largest = max(sum(1 for n in chosen if n.clique == c) for c in cliques)
-            domain = max(domain, min(largest, nnodes) * gpn)
+            if largest >= nnodes:
+                domain = max(domain, nnodes * gpn)
         out.append(Layout(pool, gpn, nnodes, candidates, domain, pod_cpu(spec.resources.cpu_per_node, gpn)))
     return out
