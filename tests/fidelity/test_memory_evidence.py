@@ -24,14 +24,30 @@ from plan_sample import make_node
 DATA = Path(__file__).parent / "data" / "memory-evidence.csv"
 DOC = Path(__file__).parents[2] / "docs" / "fidelity.md"
 #: The hit rate recorded in docs/fidelity.md (hits / judged rows); the test fails below it.
-RECORDED_HITS, RECORDED_JUDGED = 16, 34
+RECORDED_HITS, RECORDED_JUDGED = 27, 34
+#: How far above the GPU a known fit may be estimated (the misses' bound; the safety factor is 1.1).
+MAX_OVER = 0.15
 #: The verl line the rows are planned for: the evidence predates the server rollout (vLLM 0.8, SPMD).
 LINE = "0.6"
+#: Mean (prompt, response) tokens of a dataset, given to the planner as ``spec.data.meanPromptLength`` /
+#: ``meanResponseLength`` (these scripts remove padding, so a micro-batch holds real tokens only). GSM8K
+#: prompts: 104.9 and 102.4 tokens in the two steps of the log in verl's ``docs/start/quickstart.rst`` (verl's
+#: GSM8K preprocessing, Qwen2.5 tokenizer). GSM8K responses: 300 is an assumption, not a measurement: the
+#: quickstart's 0.5B answers averaged 232-239 tokens while capped at 256, step-by-step answers of larger
+#: Instruct models run longer; no public log of these tuning runs gives the mean.
+DATASET_LENGTHS = {"gsm8k": (105, 300)}
 
 
 def _rows() -> list[dict[str, str]]:
     with DATA.open() as handle:
         return list(csv.DictReader(handle))
+
+
+def _mean_lengths(dataset: str) -> dict[str, int]:
+    if dataset not in DATASET_LENGTHS:
+        return {}
+    prompt, response = DATASET_LENGTHS[dataset]
+    return {"meanPromptLength": prompt, "meanResponseLength": response}
 
 
 def _predict(row: dict[str, str]) -> tuple[str, float | None, str]:
@@ -51,6 +67,7 @@ def _predict(row: dict[str, str]) -> tuple[str, float | None, str]:
             "model": {"path": row["model"]},
             "resources": {"gpus": nnodes * per_node},
             "overrides": json.loads(row["overrides"]),
+            "data": _mean_lengths(row["dataset"]),
         }
     )
     result = plan_job(spec, nodes)
@@ -69,20 +86,40 @@ def _predict(row: dict[str, str]) -> tuple[str, float | None, str]:
 def test_memory_verdicts_against_evidence(capsys: pytest.CaptureFixture[str]) -> None:
     rows = _rows()
     assert len(rows) >= 30
-    lines = ["| evidence | known | planner | predicted peak GiB | row |", "|---|---|---|---|---|"]
+    lines = [
+        "| evidence | known | planner | predicted peak GiB | vs GPU | row |",
+        "|---|---|---|---|---|---|",
+    ]
     hits = judged = 0
     misses: list[dict[str, Any]] = []
     for row in rows:
         verdict, peak, note = _predict(row)
+        gpu = int(row["gpu_memory_mib"]) / 1024
+        over = (peak - gpu) / gpu if peak is not None else None
         if verdict != "not judged":
             judged += 1
             hits += verdict == row["verdict"]
             if verdict != row["verdict"]:
-                misses.append({"row": row["id"], "known": row["verdict"], "planner": verdict, "note": note})
+                misses.append(
+                    {
+                        "row": row["id"],
+                        "known": row["verdict"],
+                        "planner": verdict,
+                        "over": over,
+                        "note": note,
+                    }
+                )
         shown = f"{peak:.1f}" if peak is not None else "-"
-        lines.append(f"| {row['evidence']} | {row['verdict']} | {verdict} | {shown} | {row['id']} |")
+        margin = f"{100 * over:+.1f}%" if over is not None else "-"
+        lines.append(
+            f"| {row['evidence']} | {row['verdict']} | {verdict} | {shown} | {margin} | {row['id']} |"
+        )
     with capsys.disabled():
         print("\n" + "\n".join(lines) + f"\nhit rate: {hits} of {judged} judged rows ({len(rows)} rows)")
     assert judged >= RECORDED_JUDGED - 2, judged
     assert hits * RECORDED_JUDGED >= RECORDED_HITS * judged, (hits, judged, misses)
     assert f"{RECORDED_HITS} of {RECORDED_JUDGED}" in DOC.read_text()
+    # The misses are all on the safe side: no launch known to run out of memory is called a fit, and a known
+    # fit called "does not fit" is estimated at most MAX_OVER above the GPU (the safety factor's reach).
+    assert not [m for m in misses if m["known"] == "does not fit"], misses
+    assert all(m["over"] is not None and m["over"] <= MAX_OVER for m in misses), misses

@@ -36,8 +36,13 @@ def test_tie_break_order() -> None:
     micro = plan.batching.ppo_micro_batch_size_per_gpu
     per_gpu = plan.batching.mini_batch_per_gpu
     larger = [d for d in range(micro + 1, per_gpu + 1) if per_gpu % d == 0]
-    pinned = plan_job(make_spec(8, batching={"ppoMicroBatchSizePerGpu": larger[0]}), nodes)
+    sp1 = {"sequenceParallelSize": 1}
+    pinned = plan_job(make_spec(8, batching={"ppoMicroBatchSizePerGpu": larger[0]}, parallelism=sp1), nodes)
     assert any("train peak" in w for w in pinned.warnings)
+    # A pinned micro-batch over the GPU at SP 1 takes the next SP that fits rather than the warning.
+    free_sp = plan_job(make_spec(8, batching={"ppoMicroBatchSizePerGpu": larger[0]}), nodes)
+    assert feasible(free_sp).sequence_parallel_size > 1
+    assert not any("train peak" in w for w in free_sp.warnings)
     # 6. smallest rollout TP that fits: TP 1 for a 7B model on 80 GB.
     assert plan.rollout.tensor_parallel_size == 1
     # 7. largest gpuMemoryUtilization that fits: 0.05 more breaks the rollout estimate.
@@ -48,13 +53,15 @@ def test_tie_break_order() -> None:
 
 def test_tie_break_sp_grows_only_when_needed() -> None:
     nodes = make_nodes(1)
-    long = make_spec(8, data={"maxPromptLength": 2048, "maxResponseLength": 30000})
-    plan = feasible(plan_job(long, nodes))
+    lengths = {"maxPromptLength": 2048, "maxResponseLength": 30000}
+    model = "Qwen/Qwen2.5-14B-Instruct"
+    plan = feasible(plan_job(make_spec(8, model=model, data=lengths), nodes))
     assert plan.sequence_parallel_size > 1
     smaller = plan_job(
         make_spec(
             8,
-            data={"maxPromptLength": 2048, "maxResponseLength": 30000},
+            model=model,
+            data=lengths,
             parallelism={"sequenceParallelSize": plan.sequence_parallel_size // 2},
         ),
         nodes,

@@ -124,6 +124,13 @@ class MemoryPlan(_Frozen):
         validation_alias=AliasChoices("logProbPeakGiB"),
     )
     safety_factor: float = Field(description="Factor applied to the estimated parts.")
+    tokens_per_sequence: int = Field(
+        default=0,
+        description=(
+            "Tokens the estimate takes per sequence in a micro-batch: maxPromptLength + maxResponseLength, or "
+            "with padding removed the data's mean lengths where spec.data gives them."
+        ),
+    )
     rollout: MemoryPhase = Field(description="The rollout phase.")
     train: MemoryPhase = Field(description="The training phase.")
     log_prob: MemoryPhase = Field(description="The log-prob phase.")

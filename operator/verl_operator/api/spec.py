@@ -202,6 +202,24 @@ class DataSpec(_Model):
     max_response_length: int = Field(
         default=512, ge=1, le=L.MAX_TOKENS, description="data.max_response_length in tokens."
     )
+    mean_prompt_length: int | None = Field(
+        default=None,
+        ge=1,
+        le=L.MAX_TOKENS,
+        description=(
+            "Mean prompt length of the data in tokens, for the memory estimate only: with padding removed "
+            "(use_remove_padding) a micro-batch holds its sequences' real tokens. Omitted: the maximum."
+        ),
+    )
+    mean_response_length: int | None = Field(
+        default=None,
+        ge=1,
+        le=L.MAX_TOKENS,
+        description=(
+            "Mean response length in tokens the model is expected to generate, for the memory estimate only "
+            "(as meanPromptLength). Omitted: the maximum, the worst case."
+        ),
+    )
 
 
 class ResourcesSpec(_Model):

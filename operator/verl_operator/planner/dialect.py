@@ -76,6 +76,7 @@ READ_KEYS: dict[str, str] = {
     f"{ARR}.model.override_config.max_position_embeddings": "max_position_embeddings",
     f"{ARR}.model.enable_gradient_checkpointing": "gradient_checkpointing",
     f"{ARR}.actor.use_kl_loss": "use_kl_loss",
+    f"{ARR}.actor.entropy_coeff": "entropy_coeff",
     "algorithm.use_kl_in_reward": "use_kl_in_reward",
     f"{ARR}.ref.fsdp_config.param_offload": "ref_param_offload",
     f"{ARR}.actor.strategy": "actor_strategy",

@@ -78,6 +78,11 @@ class Problem:
     rollout_mode: str | None = None
     critic_params: float | None = None
     critic_model_path: str | None = None
+    #: The data's mean prompt and response lengths (``spec.data.mean*Length``), for the memory estimate only.
+    mean_prompt_length: int | None = None
+    mean_response_length: int | None = None
+    #: The actor's update computes the entropy of its logits (``actor.entropy_coeff`` not 0).
+    entropy: bool = False
     #: Of the layout's candidate nodes: those whose NVLink domains are partial (fewer GPUs than the node), and
     #: how many of those have exactly the layout's GPUs per node (placement gives such a node's pod the whole
     #: node, the only way to be sure it holds whole domains).
@@ -108,6 +113,22 @@ class Problem:
     def seq_len(self) -> int:
         """``max_prompt_length + max_response_length``: the longest sequence."""
         return self.max_prompt_length + self.max_response_length
+
+    def removes_padding(self, sequence_parallel_size: int) -> bool:
+        """Micro-batches hold only real tokens: ``use_remove_padding`` pinned, else on with Ulysses SP (the
+        planner sets it) and by default from verl 0.7 on (0.6's default is off)."""
+        if self.use_remove_padding is not None:
+            return self.use_remove_padding
+        return sequence_parallel_size > 1 or self.version != "0.6"
+
+    def tokens_per_sequence(self, sequence_parallel_size: int) -> int:
+        """Tokens one sequence brings to a micro-batch: padded, ``max_prompt_length + max_response_length``;
+        with padding removed, the data's mean lengths where the spec gives them (each capped at its maximum)."""
+        if not self.removes_padding(sequence_parallel_size):
+            return self.seq_len
+        prompt = min(self.mean_prompt_length or self.max_prompt_length, self.max_prompt_length)
+        response = min(self.mean_response_length or self.max_response_length, self.max_response_length)
+        return prompt + response
 
     def source(self, name: str, default: str) -> str:
         """The field a violation about input ``name`` names: where the user pinned it, else ``default``."""

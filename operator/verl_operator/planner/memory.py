@@ -24,9 +24,18 @@ CUDA_RESERVE_BYTES = int(2.0 * GIB)
 VLLM_RESIDUAL_BYTES = int(1.0 * GIB)
 #: vLLM CUDA graph capture memory inside its budget (enforce_eager=False).
 VLLM_CUDA_GRAPH_BYTES = int(0.5 * GIB)
-#: Bytes per logit element: forward + backward in training, forward + entropy for log-prob passes.
-LOGITS_TRAIN_BYTES = 12
+#: Bytes per logit element (bf16 logits) in the actor's update: the logits and their gradient; with an entropy
+#: term in the loss (``entropy_coeff`` not 0) also the softmax and the backward's temporaries, 7 bytes fitted to
+#: the 1.5B and 7B LoRA searches of verl's tuning scripts (docs/fidelity.md).
+LOGITS_TRAIN_BYTES = 4
+LOGITS_TRAIN_ENTROPY_BYTES = 7
+#: Bytes per logit element in a forward-only log-prob pass (with verl's entropy of the old log-probs).
 LOGITS_FORWARD_BYTES = 7
+#: Bytes per hidden unit per layer per token that gradient checkpointing keeps: each layer's bf16 input.
+CHECKPOINT_BYTES_PER_HIDDEN = 2
+#: What Ulysses SP adds to that, fitted to the 14B, 32B and 72B LoRA searches (all SP 2) of verl's tuning
+#: scripts; the tensors behind it in verl's Ulysses path are not identified.
+SP_CHECKPOINT_EXTRA_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,7 @@ class MemoryInputs:
     max_num_batched_tokens: int
     max_num_seqs: int
     critic_params: float | None = None
+    entropy: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,71 +136,91 @@ def estimate(m: MemoryInputs) -> Estimate:
 
     Algorithm:
         rollout = resident state + gmu x M (+ CUDA reserve);
-        train = full actor state (16P/F; LoRA 2P/F) + ref + critic + two gathered bf16 layers
-        (4P/L) + activations (checkpointed: ``2hLT + 2AT``; else ``LAT``) + logits (``T V 12``) + vLLM residual;
+        train = full actor state (16P/F; LoRA 2P/F) + ref + critic + two gathered bf16 layers (4P/L) +
+        activations (checkpointed: ``c hLT + 2AT``; else ``LAT``) + logits (``T V 4``, 7 with an entropy term)
+        + vLLM residual;
         log-prob = resident state + gathered layers + one layer's activations + logits (``T V 7``).
         Example: Qwen2.5-7B (P 7.6e9), 8 GPUs, gmu 0.6 on 80 GB: rollout = 12 x 7.6e9 / 8 + 0.6 x 80e9 = 59.4 GB.
 
     Args:
         m: The inputs.
     """
-    shape = m.shape
-    p_shard = m.params / m.fsdp_shard
-    resident = resident_state(m)
     budget = m.gpu_memory_utilization * m.gpu_memory_bytes
     rollout = Phase(
         exact={"vllmBudget": budget},
-        estimated={**resident, "cudaReserve": CUDA_RESERVE_BYTES},
+        estimated={**resident_state(m), "cudaReserve": CUDA_RESERVE_BYTES},
     )
-
-    a = activation_bytes_per_token_layer(shape)
-    h, layers, vocab = shape.hidden_size, shape.layers, shape.vocab_size
-    t_train = m.train_tokens_per_gpu
-    # Checkpointing keeps each layer's input (2hT per layer) plus one layer's recomputed activations.
-    acts = 2 * h * layers * t_train + 2 * a * t_train if m.gradient_checkpointing else layers * a * t_train
-    train_state = dict(resident)
-    if m.lora:
-        train_state["actorWeights"] = 2 * p_shard
-    else:
-        train_state["actorWeights"] = 4 * p_shard
-        train_state["gradients"] = 4 * p_shard
-        train_state["optimizer"] = 8 * p_shard
-    train = Phase(
-        exact={},
-        estimated={
-            **train_state,
-            "layerBuffer": 2 * 2 * m.params / layers,
-            "activations": float(acts),
-            "logits": float(t_train * vocab * LOGITS_TRAIN_BYTES),
-            "vllmResidual": VLLM_RESIDUAL_BYTES,
-            "cudaReserve": CUDA_RESERVE_BYTES,
-        },
-    )
-
-    t_lp = m.log_prob_tokens_per_gpu
-    log_prob_state = dict(resident)
-    if m.param_offload:
-        log_prob_state["actorWeights"] = (2 if m.lora else 4) * p_shard  # loaded back for the forward pass
-    log_prob = Phase(
-        exact={},
-        estimated={
-            **log_prob_state,
-            "layerBuffer": 2 * 2 * m.params / layers,
-            "activations": float(2 * h * t_lp + 2 * a * t_lp),
-            "logits": float(t_lp * vocab * LOGITS_FORWARD_BYTES),
-            "vllmResidual": VLLM_RESIDUAL_BYTES,
-            "cudaReserve": CUDA_RESERVE_BYTES,
-        },
-    )
-
-    weights_rollout = 2 * m.params / m.rollout_tp
-    vllm_acts = m.max_num_batched_tokens * a / m.rollout_tp + m.max_num_seqs * vocab * 4
-    kv = budget - weights_rollout - vllm_acts - VLLM_CUDA_GRAPH_BYTES
-    per_token = kv_bytes_per_token(shape, m.rollout_tp)
-    kv_tokens = int(kv // per_token) if kv > 0 and per_token > 0 else 0
+    kv, kv_tokens = _kv_cache(m, budget)
     return Estimate(
-        rollout=rollout, train=train, log_prob=log_prob, kv_cache_bytes=kv, kv_cache_tokens=kv_tokens
+        rollout=rollout,
+        train=_train_phase(m),
+        log_prob=_log_prob_phase(m),
+        kv_cache_bytes=kv,
+        kv_cache_tokens=kv_tokens,
     )
+
+
+def checkpointed_bytes_per_hidden(m: MemoryInputs) -> float:
+    """Bytes per hidden unit, layer and token that gradient checkpointing keeps (see the constants)."""
+    return CHECKPOINT_BYTES_PER_HIDDEN + (SP_CHECKPOINT_EXTRA_BYTES if m.sequence_parallel_size > 1 else 0)
+
+
+def _train_phase(m: MemoryInputs) -> Phase:
+    shape, t = m.shape, m.train_tokens_per_gpu
+    a = activation_bytes_per_token_layer(shape)
+    p_shard = m.params / m.fsdp_shard
+    # Checkpointing keeps each layer's input plus one layer's recomputed activations.
+    if m.gradient_checkpointing:
+        acts = checkpointed_bytes_per_hidden(m) * shape.hidden_size * shape.layers * t + 2 * a * t
+    else:
+        acts = shape.layers * a * t
+    state = dict(resident_state(m))
+    if m.lora:
+        state["actorWeights"] = 2 * p_shard
+    else:
+        state.update(actorWeights=4 * p_shard, gradients=4 * p_shard, optimizer=8 * p_shard)
+    logit_bytes = LOGITS_TRAIN_ENTROPY_BYTES if m.entropy else LOGITS_TRAIN_BYTES
+    return Phase(
+        exact={},
+        estimated={
+            **state,
+            "layerBuffer": 2 * 2 * m.params / shape.layers,
+            "activations": float(acts),
+            "logits": float(t * shape.vocab_size * logit_bytes),
+            "vllmResidual": VLLM_RESIDUAL_BYTES,
+            "cudaReserve": CUDA_RESERVE_BYTES,
+        },
+    )
+
+
+def _log_prob_phase(m: MemoryInputs) -> Phase:
+    shape, t = m.shape, m.log_prob_tokens_per_gpu
+    a = activation_bytes_per_token_layer(shape)
+    state = dict(resident_state(m))
+    if m.param_offload:
+        # Loaded back for the forward pass.
+        state["actorWeights"] = (2 if m.lora else 4) * m.params / m.fsdp_shard
+    return Phase(
+        exact={},
+        estimated={
+            **state,
+            "layerBuffer": 2 * 2 * m.params / shape.layers,
+            "activations": float(2 * shape.hidden_size * t + 2 * a * t),
+            "logits": float(t * shape.vocab_size * LOGITS_FORWARD_BYTES),
+            "vllmResidual": VLLM_RESIDUAL_BYTES,
+            "cudaReserve": CUDA_RESERVE_BYTES,
+        },
+    )
+
+
+def _kv_cache(m: MemoryInputs, budget: float) -> tuple[float, int]:
+    """vLLM's KV-cache bytes and tokens per GPU: the budget less weights, activation peak and CUDA graphs."""
+    a = activation_bytes_per_token_layer(m.shape)
+    weights = 2 * m.params / m.rollout_tp
+    vllm_acts = m.max_num_batched_tokens * a / m.rollout_tp + m.max_num_seqs * m.shape.vocab_size * 4
+    kv = budget - weights - vllm_acts - VLLM_CUDA_GRAPH_BYTES
+    per_token = kv_bytes_per_token(m.shape, m.rollout_tp)
+    return kv, int(kv // per_token) if kv > 0 and per_token > 0 else 0
 
 
 def max_gpu_memory_utilization(m: MemoryInputs, cap: float = 0.9, step: float = 0.05) -> float:

@@ -83,7 +83,7 @@ def build_result(
         fsdp_size=s.fsdp_size,
         rollout=_rollout_plan(p, s, mesh, est),
         batching=_batching_plan(s, mesh),
-        memory=_memory_plan(p, est),
+        memory=_memory_plan(p, est, p.tokens_per_sequence(s.sequence_parallel_size)),
         padding=PaddingPlan(
             padded_trajectories=mesh.waste,
             waste_fraction=round(mesh.waste / mesh.padded_trajectories, 4)
@@ -174,7 +174,7 @@ def _batching_plan(s: Settings, mesh: Mesh) -> BatchingPlan:
     )
 
 
-def _memory_plan(p: Problem, est: Estimate) -> MemoryPlan:
+def _memory_plan(p: Problem, est: Estimate, tokens_per_sequence: int) -> MemoryPlan:
     def phase(ph: Phase) -> MemoryPhase:
         return MemoryPhase(peak_gib=round(ph.peak_bytes / GIB, 2), parts_gib=ph.parts_gib())
 
@@ -184,6 +184,7 @@ def _memory_plan(p: Problem, est: Estimate) -> MemoryPlan:
         train_peak_gib=round(est.train.peak_bytes / GIB, 2),
         log_prob_peak_gib=round(est.log_prob.peak_bytes / GIB, 2),
         safety_factor=SAFETY_FACTOR,
+        tokens_per_sequence=tokens_per_sequence,
         rollout=phase(est.rollout),
         train=phase(est.train),
         log_prob=phase(est.log_prob),

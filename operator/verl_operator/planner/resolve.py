@@ -94,6 +94,8 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
     problem = _problem(spec, r, model, critic, mode, needs_critic)
     if r.violations:
         return r.violations
+    if vs := _mean_lengths(problem):
+        return vs
     return Resolved(
         problem=problem,
         fixed=fixed,
@@ -356,7 +358,37 @@ def _problem(
         rollout_mode=mode,
         critic_params=critic.params if critic is not None else None,
         critic_model_path=critic.path if critic is not None else None,
+        mean_prompt_length=spec.data.mean_prompt_length,
+        mean_response_length=spec.data.mean_response_length,
+        entropy=_entropy_on(r),
     )
+
+
+def _mean_lengths(p: Problem) -> list[Violation]:
+    """A mean length of the data cannot exceed its maximum."""
+    out = []
+    for name, mean, top in (
+        ("Prompt", p.mean_prompt_length, p.max_prompt_length),
+        ("Response", p.mean_response_length, p.max_response_length),
+    ):
+        if mean is not None and mean > top:
+            out.append(
+                Violation(
+                    field=f"spec.data.mean{name}Length",
+                    rule="mean-length",
+                    message=f"mean{name}Length {mean} > max{name}Length {top}: a mean cannot exceed the maximum",
+                    suggestions=[f"set mean{name}Length to at most {top}, or raise max{name}Length"],
+                )
+            )
+    return out
+
+
+def _entropy_on(r: _Reader) -> bool:
+    """``actor.entropy_coeff`` is set and not 0 (a value that is not a number counts as on)."""
+    pin = r.reads.get("entropy_coeff")
+    if pin is None or pin.value is None:
+        return False
+    return not (isinstance(pin.value, int | float) and not isinstance(pin.value, bool) and pin.value == 0)
 
 
 def _or_near(gpus: int, gpn: int) -> str:

@@ -55,6 +55,8 @@ class Found:
     settings: Settings
     estimate: Estimate
     warnings: tuple[str, ...] = ()
+    #: A pinned micro-batch or token budget whose estimate exceeds the GPU (a warning, not a violation).
+    overrun: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,12 +175,20 @@ def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found 
         fixed.train_batch_size if fixed.train_batch_size is not None else default_train_batch(layout.world, n)
     )
     miss = _NearestMiss()
+    fallback: Found | None = None
     for sp in sp_candidates(p, layout, fixed):
         for fsdp in fsdp_candidates(layout, fixed):
             found = _search_mini(p, layout, fixed, _base_settings(layout, fixed, tb, n, sp, fsdp), miss.note)
-            if found is not None:
+            if found is not None and not found.overrun:
                 return found
-    return miss.failed()
+            # Over the GPU only by a pinned micro-batch: a later SP or FSDP candidate may still fit.
+            if found is not None and (fallback is None or _overrun_peak(found) < _overrun_peak(fallback)):
+                fallback = found
+    return fallback or miss.failed()
+
+
+def _overrun_peak(found: Found) -> float:
+    return max(found.estimate.train.peak_bytes, found.estimate.log_prob.peak_bytes)
 
 
 def _base_settings(layout: Layout, fixed: Fixed, tb: int, n: int, sp: int, fsdp: int) -> Settings:
@@ -272,9 +282,16 @@ def _train_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
 
 def _log_prob_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
     if s.dynamic_batch_size:
-        yield replace(
-            s, log_prob_max_token_len_per_gpu=fixed.log_prob_max_token_len_per_gpu or s.max_token_len_per_gpu
-        )
+        pinned = fixed.log_prob_max_token_len_per_gpu
+        top = pinned or s.max_token_len_per_gpu
+        yield replace(s, log_prob_max_token_len_per_gpu=top)
+        if pinned is None and top is not None:
+            # The forward pass keeps fewer bytes per token than the update but more per logit: when the
+            # actor's budget does not fit it, smaller log-prob budgets are tried.
+            floor = -(-p.seq_len // s.sequence_parallel_size)
+            for budget in TOKEN_BUDGET_STEPS:
+                if floor <= budget < top:
+                    yield replace(s, log_prob_max_token_len_per_gpu=budget)
         return
     mesh = Mesh.of(p, s)
     pinned = fixed.log_prob_micro_batch_size_per_gpu
@@ -285,20 +302,21 @@ def _log_prob_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Setting
         yield replace(s, log_prob_micro_batch_size_per_gpu=micro)
 
 
-def _pinned_overrun(p: Problem, phase: str, pinned: bool, est: Estimate) -> str | None:
-    """A warning for a user-pinned micro-batch or token budget whose worst-case estimate exceeds the GPU.
+def _pinned_overrun(p: Problem, s: Settings, phase: str, pinned: bool, est: Estimate) -> str | None:
+    """A warning for a user-pinned micro-batch or token budget whose estimate exceeds the GPU.
 
-    Activations and logits scale with the tokens actually in a micro-batch; the estimate assumes every
-    sequence reaches ``maxPromptLength + maxResponseLength``. The planner never chooses such a value itself,
-    but a pinned one is the user's measured choice (verl's tuning scripts probe the largest that fits), so
-    it is reported, not rejected.
+    Activations and logits scale with the tokens actually in a micro-batch; the estimate takes every
+    sequence at ``Problem.tokens_per_sequence`` (the maxima, or the data's mean lengths when the spec gives
+    them and padding is removed). The planner never chooses such a value itself, but a pinned one is the
+    user's measured choice (verl's tuning scripts probe the largest that fits), so it is reported, not rejected.
     """
     peak = est.train.peak_bytes if phase == "train" else est.log_prob.peak_bytes
     if not pinned or peak <= p.gpu_memory_bytes:
         return None
+    tokens = p.tokens_per_sequence(s.sequence_parallel_size)
     return (
         f"{phase} peak estimated at {peak / GIB:.1f} GiB of {p.gpu_memory_bytes / GIB:.1f} GiB with every sequence at "
-        f"{p.seq_len} tokens; the pinned {phase} micro-batch fits only if sequences are shorter"
+        f"{tokens} tokens; the pinned {phase} micro-batch fits only if sequences are shorter"
     )
 
 
@@ -322,7 +340,7 @@ def _search_rest(p: Problem, layout: Layout, fixed: Fixed, s0: Settings, record:
             record(_const(vs), 1)
             continue
         est = estimate(_memory_inputs(p, s1, layout.world))
-        train_warning = _pinned_overrun(p, "train", train_pinned, est)
+        train_warning = _pinned_overrun(p, s1, "train", train_pinned, est)
         if est.train.peak_bytes > p.gpu_memory_bytes and train_warning is None:
             record(_memory(p, s1, est, ("memory-train",)), 2)
             continue
@@ -333,7 +351,7 @@ def _search_rest(p: Problem, layout: Layout, fixed: Fixed, s0: Settings, record:
                 record(_const(vs), 3)
                 continue
             est = estimate(_memory_inputs(p, s2, layout.world))
-            lp_warning = _pinned_overrun(p, "log-prob", lp_pinned, est)
+            lp_warning = _pinned_overrun(p, s2, "log-prob", lp_pinned, est)
             if est.log_prob.peak_bytes > p.gpu_memory_bytes and lp_warning is None:
                 record(_memory(p, s2, est, ("memory-log-prob",)), 4)
                 continue
@@ -341,7 +359,7 @@ def _search_rest(p: Problem, layout: Layout, fixed: Fixed, s0: Settings, record:
             if found is None:
                 return None
             extra = tuple(w for w in (train_warning, lp_warning) if w is not None)
-            return replace(found, warnings=found.warnings + extra)
+            return replace(found, warnings=found.warnings + extra, overrun=bool(extra))
         return None
     return None
 

@@ -20,20 +20,25 @@ from verl_operator.planner.result import Violation
 
 def memory_inputs(p: Problem, s: Settings, world: int) -> MemoryInputs:
     spend()  # every memory-model evaluation is one step of the plan's budget
-    shard = Mesh.of(p, replace(s, world=world)).fsdp_shard
+    mesh = Mesh.of(p, replace(s, world=world))
     sp = s.sequence_parallel_size
+    per_sequence = p.tokens_per_sequence(sp)
     if s.dynamic_batch_size:
-        t_train = s.max_token_len_per_gpu or p.seq_len
-        t_lp = s.log_prob_max_token_len_per_gpu or t_train
+        # A packed micro-batch holds at most the budget, and at most the rank's whole (mini-)batch.
+        t_train = min(s.max_token_len_per_gpu or p.seq_len, -(-mesh.mini_per_gpu * per_sequence // sp))
+        t_lp = min(
+            s.log_prob_max_token_len_per_gpu or s.max_token_len_per_gpu or p.seq_len,
+            -(-mesh.log_prob_per_gpu * per_sequence // sp),
+        )
     else:
-        t_train = -(-(s.ppo_micro_batch_size_per_gpu or 1) * p.seq_len // sp)
-        t_lp = -(-(s.log_prob_micro_batch_size_per_gpu or 1) * p.seq_len // sp)
+        t_train = -(-(s.ppo_micro_batch_size_per_gpu or 1) * per_sequence // sp)
+        t_lp = -(-(s.log_prob_micro_batch_size_per_gpu or 1) * per_sequence // sp)
     return MemoryInputs(
         shape=p.shape,
         params=p.params,
         gpu_memory_bytes=p.gpu_memory_bytes,
         world=world,
-        fsdp_shard=shard,
+        fsdp_shard=mesh.fsdp_shard,
         sequence_parallel_size=sp,
         rollout_tp=s.rollout_tp,
         gpu_memory_utilization=s.gpu_memory_utilization,
@@ -51,6 +56,7 @@ def memory_inputs(p: Problem, s: Settings, world: int) -> MemoryInputs:
         max_num_batched_tokens=p.max_num_batched_tokens,
         max_num_seqs=p.max_num_seqs,
         critic_params=p.critic_params,
+        entropy=p.entropy,
     )
 
 

@@ -40,8 +40,16 @@ _STEP = re.compile(rf"(\d+)\s*([{FITS}{MISSED}])")
 _FILE = re.compile(r"_(\d+)_([a-z0-9]+)_fsdp_vllm\.sh$")
 COLUMNS = [
     "id", "source", "commit", "path", "evidence", "setting", "value", "verdict",
-    "gpu_product", "gpu_memory_mib", "nnodes", "gpus_per_node", "model", "overrides",
+    "gpu_product", "gpu_memory_mib", "nnodes", "gpus_per_node", "model", "dataset", "overrides",
 ]  # fmt: skip
+#: Datasets recognised in ``data.train_files`` (the row's ``dataset``; the test knows their typical lengths).
+DATASETS = ("gsm8k", "math", "geo3k")
+
+
+def _dataset(train_files: str | None) -> str:
+    """The first known dataset name in the training files' path, else empty."""
+    lowered = (train_files or "").lower()
+    return next((name for name in DATASETS if name in lowered), "")
 
 
 def _rows_for(
@@ -71,6 +79,7 @@ def _rows_for(
                 "nnodes": nnodes or "1",
                 "gpus_per_node": gpn or "8",
                 "model": _last(overrides, "actor_rollout_ref.model.path") or "",
+                "dataset": _dataset(_last(overrides, "data.train_files")),
                 "overrides": json.dumps(overrides),
             }
         )
