@@ -158,7 +158,7 @@ def _resources(spec: VerlJobSpec, plan: LaunchPlan) -> dict[str, Any]:
     gpus = plan.gpus_per_node
     requests: dict[str, Any] = {
         # The plan's: the CPUs its candidate nodes were chosen to offer (verl's placement group).
-        "cpu": plan.pod_cpu(spec),
+        "cpu": plan.cpu_request(spec),
         "memory": res.memory_per_node or f"{MEMORY_GIB_PER_GPU * gpus}Gi",
         "nvidia.com/gpu": str(gpus),
     }

@@ -97,8 +97,8 @@ class LaunchPlan:
             return self.nvlink_group_per_node
         return nvlink_group_per_node(self.nvlink_group_size, self.gpus_per_node)
 
-    def pod_cpu(self, spec: VerlJobSpec) -> str:
-        """The CPU request of each pod."""
+    def cpu_request(self, spec: VerlJobSpec) -> str:
+        """The CPU request of each pod: the plan's, else the Mesh's rule on ``resources.cpuPerNode``."""
         return self.cpu_per_node or pod_cpu(spec.resources.cpu_per_node, self.gpus_per_node)
 
     @classmethod

@@ -83,7 +83,11 @@ class Mesh:
 
     @classmethod
     def of(cls, p: Problem, s: Settings, cpu_per_node: str | None = None) -> Mesh:
-        """The mesh of settings ``s`` for job ``p``; ``cpu_per_node`` is ``resources.cpuPerNode`` (None: verl's)."""
+        """The mesh of settings ``s`` for job ``p``.
+
+        ``cpu_per_node`` is the CPU request asked for each pod (``resources.cpuPerNode``, or the layout's, which
+        ``pod_cpu`` made of it); None or empty: verl's placement group (``pod_cpu``).
+        """
         dp = data_parallel_size(s.world, s.sequence_parallel_size)
         critic_dp = data_parallel_size(s.world, p.critic_sequence_parallel_size)
         mini = s.ppo_mini_batch_size * s.rollout_n
