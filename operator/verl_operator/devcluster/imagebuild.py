@@ -251,64 +251,68 @@ def build(recipe: Recipe, root: Path | None = None, say: Progress = _say) -> Pat
             rootfs = work / "rootfs"
             rootfs.mkdir()
             _run([tools["tar"], "-xf", str(base), "-C", str(rootfs)], "unpack the base")
-            wheels = rootfs / "tmp" / "wheels"
-            wheels.mkdir(parents=True, exist_ok=True)
-            # The host's pip fetches and builds every wheel (same Python minor and libc as Debian bookworm).
-            _run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "wheel",
-                    "-q",
-                    "--wheel-dir",
-                    str(wheels),
-                    *recipe.requirements,
-                ],
-                "pip wheel",
-            )
-            env_python = f"{recipe.venv}/bin/python"
-            _run(["chroot", str(rootfs), "/usr/bin/python3", "-m", "venv", recipe.venv], "python3 -m venv")
-            names = sorted(p.name for p in wheels.glob("*.whl"))
-            _run(
-                [
-                    "chroot",
-                    str(rootfs),
-                    env_python,
-                    "-m",
-                    "pip",
-                    "install",
-                    "-q",
-                    "--no-index",
-                    "--no-compile",
-                    "--find-links",
-                    "/tmp/wheels",
-                    *(f"/tmp/wheels/{n}" for n in names),
-                ],
-                "pip install in the image",
-            )
-            _run(
-                ["chroot", str(rootfs), env_python, "-m", "pip", "uninstall", "-q", "-y", "pip"], "remove pip"
-            )
-            if recipe.nonroot:
-                for name, line in (("passwd", NONROOT_PASSWD), ("group", NONROOT_GROUP)):
-                    account = rootfs / "etc" / name
-                    account.write_text(account.read_text() + line)
-            for path, content in recipe.files.items():
-                target = rootfs / path.lstrip("/")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(content)
-                target.chmod(0o755 if content.startswith(b"#!") else 0o644)
+            _install_venv(rootfs, recipe)
+            _add_files(rootfs, recipe)
             top = work / "top.tar"
-            tops = [recipe.venv, *(p for p in recipe.files if not p.startswith(recipe.venv + "/"))]
-            if recipe.nonroot:
-                tops += ["/etc/passwd", "/etc/group"]
-            _top_layer(rootfs, top, tops)
+            _top_layer(rootfs, top, _top_paths(recipe))
             oci.write_archive(out, [base, top], recipe.config, recipe.reference)
         _drop_older(images, recipe.name, out)
         size = out.stat().st_size >> 20
         say(f"image {recipe.reference} ready in {time.monotonic() - started:.0f}s ({size} MiB uncompressed)")
     return out
+
+
+def _install_venv(rootfs: Path, recipe: Recipe) -> None:
+    """Create the recipe's virtualenv in ``rootfs`` with its requirements installed, and pip removed again."""
+    wheels = rootfs / "tmp" / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    # The host's pip fetches and builds every wheel (same Python minor and libc as Debian bookworm).
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheels), *recipe.requirements],
+        "pip wheel",
+    )
+    env_python = f"{recipe.venv}/bin/python"
+    _run(["chroot", str(rootfs), "/usr/bin/python3", "-m", "venv", recipe.venv], "python3 -m venv")
+    names = sorted(p.name for p in wheels.glob("*.whl"))
+    _run(
+        [
+            "chroot",
+            str(rootfs),
+            env_python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-compile",
+            "--find-links",
+            "/tmp/wheels",
+            *(f"/tmp/wheels/{n}" for n in names),
+        ],
+        "pip install in the image",
+    )
+    _run(["chroot", str(rootfs), env_python, "-m", "pip", "uninstall", "-q", "-y", "pip"], "remove pip")
+
+
+def _add_files(rootfs: Path, recipe: Recipe) -> None:
+    """Add the non-root account (when asked) and the recipe's files (executable when they start with ``#!``)."""
+    if recipe.nonroot:
+        for name, line in (("passwd", NONROOT_PASSWD), ("group", NONROOT_GROUP)):
+            account = rootfs / "etc" / name
+            account.write_text(account.read_text() + line)
+    for path, content in recipe.files.items():
+        target = rootfs / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+        target.chmod(0o755 if content.startswith(b"#!") else 0o644)
+
+
+def _top_paths(recipe: Recipe) -> list[str]:
+    """What the top layer holds: the virtualenv, the files outside it and the changed account files."""
+    tops = [recipe.venv, *(p for p in recipe.files if not p.startswith(recipe.venv + "/"))]
+    if recipe.nonroot:
+        tops += ["/etc/passwd", "/etc/group"]
+    return tops
 
 
 def single_file_image(

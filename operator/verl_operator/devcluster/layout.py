@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,90 +133,119 @@ def component_argv(
     Raises:
         KeyError: Unknown component.
     """
+    builder = _ARGV_BUILDERS.get(component)
+    if builder is None:
+        raise KeyError(f"unknown component {component!r}")
+    return [str(binary), *builder(layout, ports, name, network)]
+
+
+def _etcd_args(layout: Layout, ports: dict[str, int], name: str, network: NodeNetwork | None) -> list[str]:
+    client = f"http://127.0.0.1:{ports['etcd_client']}"
+    peer = f"http://127.0.0.1:{ports['etcd_peer']}"
+    return [
+        "--name=devcluster",
+        f"--data-dir={layout.etcd_data}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=devcluster={peer}",
+        # A throwaway development store: skipping fsync keeps the API fast on a small, shared disk.
+        "--unsafe-no-fsync=true",
+        "--log-level=warn",
+    ]
+
+
+def _apiserver_args(
+    layout: Layout, ports: dict[str, int], name: str, network: NodeNetwork | None
+) -> list[str]:
     pki = layout.pki
-    exe = str(binary)
-    if component == "etcd":
-        client = f"http://127.0.0.1:{ports['etcd_client']}"
-        peer = f"http://127.0.0.1:{ports['etcd_peer']}"
-        return [
-            exe,
-            "--name=devcluster",
-            f"--data-dir={layout.etcd_data}",
-            f"--listen-client-urls={client}",
-            f"--advertise-client-urls={client}",
-            f"--listen-peer-urls={peer}",
-            f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=devcluster={peer}",
-            # A throwaway development store: skipping fsync keeps the API fast on a small, shared disk.
-            "--unsafe-no-fsync=true",
-            "--log-level=warn",
-        ]
-    if component == "kube-apiserver":
-        return [
-            exe,
-            f"--etcd-servers=http://127.0.0.1:{ports['etcd_client']}",
-            *_apiserver_network_args(layout, network),
-            f"--secure-port={ports['apiserver']}",
-            f"--cert-dir={pki}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}",
-            f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction",
-            # New nodes get a not-ready taint from this plugin that only the node-lifecycle controller lifts;
-            # simulated nodes are Ready from the start and that controller is not run (see CONTROLLERS).
-            "--disable-admission-plugins=TaintNodesByCondition",
-            # The aggregation layer's front proxy (also fills the request-header CA that the
-            # controller-manager and scheduler read for their own authentication).
-            f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
-            "--requestheader-allowed-names=front-proxy-client",
-            "--requestheader-username-headers=X-Remote-User",
-            "--requestheader-group-headers=X-Remote-Group",
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-            f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
-            f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
-            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--allow-privileged=true",
-            "--profiling=false",
-            "--v=1",
-        ]
-    if component in ("kube-controller-manager", "kube-scheduler"):
-        kubeconfig = str(layout.component_kubeconfig(component))
-        common = [
-            exe,
-            f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1",
-            "--leader-elect=false",
-            "--profiling=false",
-            "--v=1",
-        ]
-        if component == "kube-scheduler":
-            return [*common, f"--secure-port={ports['scheduler']}"]
-        return [
-            *common,
-            f"--secure-port={ports['controller_manager']}",
-            f"--controllers={','.join(REAL_NODE_CONTROLLERS if network else CONTROLLERS)}",
-            "--use-service-account-credentials=true",
-            f"--service-account-private-key-file={pki / 'sa.key'}",
-            f"--root-ca-file={pki / 'ca.crt'}",
-            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
-            f"--cluster-signing-key-file={pki / 'ca.key'}",
-            f"--cluster-name=verl-devcluster-{name}",
-        ]
-    if component == "kwok":
-        return [
-            exe,
-            f"--kubeconfig={layout.component_kubeconfig('kwok')}",
-            f"--config={layout.kwok_config}",
-            "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={L.KWOK_NODE}={L.KWOK_NODE_VALUE}",
-            f"--server-address=127.0.0.1:{ports['kwok']}",
-            # Pod IPs come from one /16 (the first address is the start of the pool); node IPs are fixed.
-            "--cidr=10.244.0.1/16",
-            "--node-ip=10.1.0.1",
-        ]
-    raise KeyError(f"unknown component {component!r}")
+    return [
+        f"--etcd-servers=http://127.0.0.1:{ports['etcd_client']}",
+        *_apiserver_network_args(layout, network),
+        f"--secure-port={ports['apiserver']}",
+        f"--cert-dir={pki}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        # New nodes get a not-ready taint from this plugin that only the node-lifecycle controller lifts;
+        # simulated nodes are Ready from the start and that controller is not run (see CONTROLLERS).
+        "--disable-admission-plugins=TaintNodesByCondition",
+        # The aggregation layer's front proxy (also fills the request-header CA that the
+        # controller-manager and scheduler read for their own authentication).
+        f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+        "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+        f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--allow-privileged=true",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def _client_component_args(layout: Layout, component: str) -> list[str]:
+    """The flags the controller-manager and the scheduler share (their kubeconfig, loopback, no election)."""
+    kubeconfig = str(layout.component_kubeconfig(component))
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        "--leader-elect=false",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def _controller_manager_args(
+    layout: Layout, ports: dict[str, int], name: str, network: NodeNetwork | None
+) -> list[str]:
+    pki = layout.pki
+    return [
+        *_client_component_args(layout, "kube-controller-manager"),
+        f"--secure-port={ports['controller_manager']}",
+        f"--controllers={','.join(REAL_NODE_CONTROLLERS if network else CONTROLLERS)}",
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        f"--root-ca-file={pki / 'ca.crt'}",
+        f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+        f"--cluster-signing-key-file={pki / 'ca.key'}",
+        f"--cluster-name=verl-devcluster-{name}",
+    ]
+
+
+def _scheduler_args(
+    layout: Layout, ports: dict[str, int], name: str, network: NodeNetwork | None
+) -> list[str]:
+    return [*_client_component_args(layout, "kube-scheduler"), f"--secure-port={ports['scheduler']}"]
+
+
+def _kwok_args(layout: Layout, ports: dict[str, int], name: str, network: NodeNetwork | None) -> list[str]:
+    return [
+        f"--kubeconfig={layout.component_kubeconfig('kwok')}",
+        f"--config={layout.kwok_config}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={L.KWOK_NODE}={L.KWOK_NODE_VALUE}",
+        f"--server-address=127.0.0.1:{ports['kwok']}",
+        # Pod IPs come from one /16 (the first address is the start of the pool); node IPs are fixed.
+        "--cidr=10.244.0.1/16",
+        "--node-ip=10.1.0.1",
+    ]
+
+
+#: Each component's flags (after its executable), from the instance's files, ports, name and network.
+_ARGV_BUILDERS: dict[str, Callable[[Layout, dict[str, int], str, NodeNetwork | None], list[str]]] = {
+    "etcd": _etcd_args,
+    "kube-apiserver": _apiserver_args,
+    "kube-controller-manager": _controller_manager_args,
+    "kube-scheduler": _scheduler_args,
+    "kwok": _kwok_args,
+}
