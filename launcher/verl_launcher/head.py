@@ -122,61 +122,112 @@ def run_head(spec: LaunchSpec, options: HeadOptions, env: Mapping[str, str]) -> 
     started = time.monotonic()
     deadline = started + spec.timeouts.cluster_ready_seconds
     local_address = f"127.0.0.1:{spec.head.port}"
-    argv = head_start_argv(spec, options.ray)
-    log("starting the Ray head: " + " ".join(argv))
-    try:
-        head = Child(argv, build_env(spec, env, with_ray_address=False), prefix="[ray-head] ")
-    except OSError as exc:
-        raise LauncherError(
-            ExitCode.CLUSTER_NOT_READY, f"cannot start `{argv[0]}`: {exc.strerror or exc}"
-        ) from exc
+    head = _start_head(spec, options, env)
     cluster: RayCluster | None = None
-    verl: Child | None = None
     try:
         cluster = _connect(local_address, head, deadline)
-        ray_cluster = cluster
-
-        def current_nodes() -> list[RayNode]:
-            if head.poll() is not None:
-                tail = " | ".join(head.last_lines[-3:])
-                raise LauncherError(
-                    ExitCode.CLUSTER_NOT_READY,
-                    f"`ray start --head` exited with code {head.poll()} before the cluster was ready: {tail}",
-                )
-            return ray_cluster.nodes()
-
-        nodes = wait_for_cluster(
-            current_nodes,
-            spec,
-            deadline_s=max(0.0, deadline - time.monotonic()),
-            poll_s=options.poll_s,
-        )
+        nodes = _wait_for_nodes(cluster, head, spec, options, deadline)
         log(
             f"cluster ready after {time.monotonic() - started:.1f}s: "
             + ", ".join(n.describe() for n in nodes)
         )
-        probes = cluster.probes(nodes)
-        for probe in probes:
-            log("probe " + json.dumps(probe.to_dict(), separators=(",", ":")))
-        problems = check_nodes(probes, spec)
-        if problems:
-            raise LauncherError(ExitCode.TOPOLOGY_MISMATCH, "; ".join(problems))
-        verl_argv = build_argv(spec, options.attempt)
-        verl_env = build_env(spec, env, ray_address=local_address)
-        tracker = ProgressTracker(path=options.progress_file)
+        _check_probes(cluster, nodes, spec)
+        return _run_verl(spec, options, env, local_address, head, cluster, nodes)
+    finally:
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close()
+        log("stopping the Ray head")
+        head.stop(options.stop_grace_s)
 
-        def on_line(line: str) -> str | None:
-            summary = tracker.feed(line)
-            return None if summary is None else "VERL_PROGRESS " + json.dumps(summary, separators=(",", ":"))
 
-        log("running verl: " + json.dumps(verl_argv))
-        try:
-            verl = Child(verl_argv, verl_env, on_line=on_line)
-        except OSError as exc:
+def _start_head(spec: LaunchSpec, options: HeadOptions, env: Mapping[str, str]) -> Child:
+    """Start ``ray start --head`` (blocking, so the child lives as long as the head).
+
+    Raises:
+        LauncherError: ``CLUSTER_NOT_READY`` when the command cannot be started.
+    """
+    argv = head_start_argv(spec, options.ray)
+    log("starting the Ray head: " + " ".join(argv))
+    try:
+        return Child(argv, build_env(spec, env, with_ray_address=False), prefix="[ray-head] ")
+    except OSError as exc:
+        raise LauncherError(
+            ExitCode.CLUSTER_NOT_READY, f"cannot start `{argv[0]}`: {exc.strerror or exc}"
+        ) from exc
+
+
+def _wait_for_nodes(
+    cluster: RayCluster, head: Child, spec: LaunchSpec, options: HeadOptions, deadline: float
+) -> list[RayNode]:
+    """Wait until every planned node joined the cluster (until ``deadline``, a monotonic time).
+
+    Raises:
+        LauncherError: ``CLUSTER_NOT_READY`` when the head exits or the nodes do not join in time.
+    """
+
+    def current_nodes() -> list[RayNode]:
+        if head.poll() is not None:
+            tail = " | ".join(head.last_lines[-3:])
             raise LauncherError(
-                ExitCode.VERL_FAILED,
-                f"cannot start verl `{verl_argv[0]}` (entrypoint): {exc.strerror or exc}",
-            ) from exc
+                ExitCode.CLUSTER_NOT_READY,
+                f"`ray start --head` exited with code {head.poll()} before the cluster was ready: {tail}",
+            )
+        return cluster.nodes()
+
+    return wait_for_cluster(
+        current_nodes,
+        spec,
+        deadline_s=max(0.0, deadline - time.monotonic()),
+        poll_s=options.poll_s,
+    )
+
+
+def _check_probes(cluster: RayCluster, nodes: list[RayNode], spec: LaunchSpec) -> None:
+    """Probe every node, log each probe and check them against the spec.
+
+    Raises:
+        LauncherError: ``TOPOLOGY_MISMATCH`` with every problem found.
+    """
+    probes = cluster.probes(nodes)
+    for probe in probes:
+        log("probe " + json.dumps(probe.to_dict(), separators=(",", ":")))
+    problems = check_nodes(probes, spec)
+    if problems:
+        raise LauncherError(ExitCode.TOPOLOGY_MISMATCH, "; ".join(problems))
+
+
+def _run_verl(
+    spec: LaunchSpec,
+    options: HeadOptions,
+    env: Mapping[str, str],
+    address: str,
+    head: Child,
+    cluster: RayCluster,
+    nodes: list[RayNode],
+) -> Outcome:
+    """Run verl against the cluster, following its progress; verl is stopped on every way out.
+
+    Raises:
+        LauncherError: ``VERL_FAILED`` when verl cannot be started, ``WORKER_LOST`` when a node vanishes.
+    """
+    verl_argv = build_argv(spec, options.attempt)
+    verl_env = build_env(spec, env, ray_address=address)
+    tracker = ProgressTracker(path=options.progress_file)
+
+    def on_line(line: str) -> str | None:
+        summary = tracker.feed(line)
+        return None if summary is None else "VERL_PROGRESS " + json.dumps(summary, separators=(",", ":"))
+
+    log("running verl: " + json.dumps(verl_argv))
+    try:
+        verl = Child(verl_argv, verl_env, on_line=on_line)
+    except OSError as exc:
+        raise LauncherError(
+            ExitCode.VERL_FAILED,
+            f"cannot start verl `{verl_argv[0]}` (entrypoint): {exc.strerror or exc}",
+        ) from exc
+    try:
         code = _watch_verl(verl, head, cluster, nodes, options)
         where = f"step {tracker.step}" + (f" of {tracker.total_steps}" if tracker.total_steps else "")
         if code == 0:
@@ -184,10 +235,5 @@ def run_head(spec: LaunchSpec, options: HeadOptions, env: Mapping[str, str]) -> 
         tail = next((line for line in reversed(verl.last_lines) if line.strip()), "")
         return Outcome(ExitCode.VERL_FAILED, f"verl exited with code {code} at {where}: {tail}")
     finally:
-        if verl is not None and verl.poll() is None:
+        if verl.poll() is None:
             verl.stop(options.stop_grace_s)
-        if cluster is not None:
-            with contextlib.suppress(Exception):
-                cluster.close()
-        log("stopping the Ray head")
-        head.stop(options.stop_grace_s)

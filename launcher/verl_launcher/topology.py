@@ -224,8 +224,34 @@ def parse_topo_matrix(text: str) -> Topology:
         raise TopologyParseError(f"line {start + 1}: the header names no GPU columns")
     if start > 0:
         warnings.append(f"skipped {start} line(s) above the header")
+    rows = _gpu_rows(lines, start, gpu_count)
+    links = _gpu_block(rows, gpu_count)
+    nics = _nic_columns([row for _, row in rows], gpu_count, nic_names, tail)
+    if nics is None:
+        warnings.append(
+            "the NIC and affinity columns do not line up with the header "
+            f"({' '.join(nic_names) or 'no NICs'}); they were ignored, the GPU x GPU block is intact"
+        )
+        return Topology(gpu_count=gpu_count, links=links, warnings=tuple(warnings))
+    nic_links, affinity = nics
+    legend = _parse_nic_legend(lines[start:])
+    return Topology(
+        gpu_count=gpu_count,
+        links=links,
+        nics=tuple(legend.get(name, name) for name in nic_names),
+        nic_links=nic_links,
+        affinity=affinity,
+        warnings=tuple(warnings),
+    )
+
+
+def _gpu_rows(lines: list[str], start: int, gpu_count: int) -> list[tuple[int, str]]:
+    """The ``GPU<i>`` lines after the header (up to the first blank line after them), with their numbers.
+
+    Raises:
+        TopologyParseError: Their count is not the header's.
+    """
     rows: list[tuple[int, str]] = []
-    nic_rows = 0
     for number in range(start + 1, len(lines)):
         tokens = lines[number].split()
         if not tokens:
@@ -234,12 +260,19 @@ def parse_topo_matrix(text: str) -> Topology:
             continue
         if _GPU.match(tokens[0]):
             rows.append((number, lines[number]))
-        elif rows:
-            nic_rows += 1
     if len(rows) != gpu_count:
         raise TopologyParseError(
             f"the header names {gpu_count} GPUs but {len(rows)} GPU rows follow (truncated output?)"
         )
+    return rows
+
+
+def _gpu_block(rows: list[tuple[int, str]], gpu_count: int) -> tuple[tuple[str, ...], ...]:
+    """The GPU x GPU link codes, checked: rows in order, link codes only, ``X`` on the diagonal, symmetric.
+
+    Raises:
+        TopologyParseError: A check failed (the message names the line and the cell).
+    """
     links: list[tuple[str, ...]] = []
     for index, (number, row) in enumerate(rows):
         tokens = row.split()
@@ -266,35 +299,25 @@ def parse_topo_matrix(text: str) -> Topology:
                     f"the matrix is not symmetric: GPU{a} x GPU{b} is {links[a][b]} but GPU{b} x GPU{a} is "
                     f"{links[b][a]}"
                 )
+    return tuple(links)
 
-    legend = _parse_nic_legend(lines[start:])
-    nics = tuple(legend.get(name, name) for name in nic_names)
+
+def _nic_columns(
+    rows: list[str], gpu_count: int, nic_names: list[str], tail: list[str]
+) -> tuple[tuple[tuple[str, ...], ...], tuple[GpuAffinity, ...]] | None:
+    """Each GPU row's NIC link codes and affinity columns, or None when they do not line up with the header."""
+    # A NIC column name with a digit followed by a capital (``NIC7NIC8``) is two names that lost their tab.
+    if not all(re.match(r"^[A-Za-z][\w.\-]*$", n) and not re.search(r"\d[A-Z]", n) for n in nic_names):
+        return None
     nic_links: list[tuple[str, ...]] = []
     affinity: list[GpuAffinity] = []
-    # A NIC column name with a digit followed by a capital (``NIC7NIC8``) is two names that lost their tab.
-    nic_ok = all(re.match(r"^[A-Za-z][\w.\-]*$", n) and not re.search(r"\d[A-Z]", n) for n in nic_names)
-    for _, row in rows:
-        tokens = row.split()
-        cells = tokens[1 + gpu_count : 1 + gpu_count + len(nic_names)]
+    for row in rows:
+        cells = row.split()[1 + gpu_count : 1 + gpu_count + len(nic_names)]
         if len(cells) != len(nic_names) or not all(_is_cell(c) for c in cells):
-            nic_ok = False
-        nic_links.append(tuple(cells))
-        parsed = _affinity(row, 1 + gpu_count + len(nic_names), tail) if nic_ok else None
+            return None
+        parsed = _affinity(row, 1 + gpu_count + len(nic_names), tail)
         if parsed is None:
-            nic_ok = False
-        else:
-            affinity.append(parsed)
-    if not nic_ok:
-        warnings.append(
-            "the NIC and affinity columns do not line up with the header "
-            f"({' '.join(nic_names) or 'no NICs'}); they were ignored, the GPU x GPU block is intact"
-        )
-        return Topology(gpu_count=gpu_count, links=tuple(links), warnings=tuple(warnings))
-    return Topology(
-        gpu_count=gpu_count,
-        links=tuple(links),
-        nics=nics,
-        nic_links=tuple(nic_links),
-        affinity=tuple(affinity),
-        warnings=tuple(warnings),
-    )
+            return None
+        nic_links.append(tuple(cells))
+        affinity.append(parsed)
+    return tuple(nic_links), tuple(affinity)
