@@ -37,11 +37,6 @@ class Settings:
     critic_ppo_micro_batch_size_per_gpu: int | None = None
 
     @property
-    def data_parallel_size(self) -> int:
-        """Training data-parallel size: world / SP (integer division; rules check divisibility)."""
-        return max(1, self.world // self.sequence_parallel_size)
-
-    @property
     def trajectories(self) -> int:
         """``train_batch_size x rollout.n``: sequences per step."""
         return self.train_batch_size * self.rollout_n
