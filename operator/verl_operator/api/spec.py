@@ -252,7 +252,8 @@ class ResourcesSpec(_Model):
         description="CPU request of each Ray pod (default: enough for verl's placement group, 3 per GPU + 2).",
     )
     memory_per_node: Quantity | None = Field(
-        default=None, description="Memory request of each Ray pod (e.g. 512Gi)."
+        default=None,
+        description="Memory request of each Ray pod (e.g. 512Gi; default 16Gi per GPU); candidate nodes must offer it.",
     )
     shm_size: Quantity | None = Field(
         default=None, description="Size of the /dev/shm memory volume (default 64Gi)."

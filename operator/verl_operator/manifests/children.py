@@ -36,10 +36,8 @@ from verl_operator.manifests.names import (
     ChildNames,
 )
 from verl_operator.planner.cluster import TOLERATED_TAINT_KEYS
+from verl_operator.planner.mesh import pod_memory
 
-#: Default memory request per GPU when ``resources.memoryPerNode`` is not given (host RAM for the
-#: dataloader, Ray object store and vLLM/FSDP CPU buffers).
-MEMORY_GIB_PER_GPU = 16
 DEFAULT_SHM = "64Gi"
 CONTAINER = "ray"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -159,7 +157,7 @@ def _resources(spec: VerlJobSpec, plan: LaunchPlan) -> dict[str, Any]:
     requests: dict[str, Any] = {
         # The plan's: the CPUs its candidate nodes were chosen to offer (verl's placement group).
         "cpu": plan.cpu_request(spec),
-        "memory": res.memory_per_node or f"{MEMORY_GIB_PER_GPU * gpus}Gi",
+        "memory": pod_memory(res.memory_per_node, gpus),
         "nvidia.com/gpu": str(gpus),
     }
     return {"requests": requests, "limits": {"nvidia.com/gpu": str(gpus)}}

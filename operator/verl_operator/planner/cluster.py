@@ -14,8 +14,8 @@ from typing import Any
 
 from verl_launcher.gpus import same_product
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.planner.facts import NodeFacts, Taint, cpu_millicores, normalise_product
-from verl_operator.planner.mesh import pod_cpu
+from verl_operator.planner.facts import NodeFacts, Taint, cpu_millicores, memory_bytes, normalise_product
+from verl_operator.planner.mesh import pod_cpu, pod_memory
 
 #: Taints that GPU pods tolerate by convention (the operator adds these tolerations to its pods).
 TOLERATED_TAINT_KEYS: frozenset[str] = frozenset({"nvidia.com/gpu"})
@@ -152,12 +152,28 @@ def cpu_needed(spec: VerlJobSpec, gpus_per_node: int) -> int:
     return int(pod_cpu(None, gpus_per_node)) * 1000
 
 
+def memory_needed(spec: VerlJobSpec, gpus_per_node: int) -> int | None:
+    """Bytes a node must offer: the pod's memory request (``mesh.pod_memory``); None when the request is a
+    quantity this parser does not read (the scheduler then decides alone)."""
+    return memory_bytes(pod_memory(spec.resources.memory_per_node, gpus_per_node))
+
+
+def _node_fits(n: NodeFacts, gpus: int, cpus: int, memory: int | None) -> bool:
+    """A node offers the GPUs, CPUs and memory of one pod (a node that reports no CPU or memory is not
+    filtered on it)."""
+    return (
+        n.gpus >= gpus
+        and (n.cpu_millicores is None or n.cpu_millicores >= cpus)
+        and (memory is None or n.memory_bytes is None or n.memory_bytes >= memory)
+    )
+
+
 def layouts(pool: Pool, spec: VerlJobSpec, gpus_per_node: int | None) -> list[Layout]:
     """The layouts of ``spec.resources.gpus`` GPUs on a pool, most GPUs per node (fewest nodes) first.
 
     A layout needs ``gpus % gpus_per_node == 0`` and ``gpus / gpus_per_node`` nodes with at least that many
-    GPUs and the CPUs of verl's placement group (``cpu_needed``; nodes that do not report CPUs are not
-    filtered), in one ``topologyKey`` domain when ``topologyPolicy: required``. Ray waits forever for a
+    GPUs, the CPUs of verl's placement group (``cpu_needed``) and the pod's memory request (``memory_needed``;
+    nodes that do not report CPUs or memory are not filtered on them), in one ``topologyKey`` domain when ``topologyPolicy: required``. Ray waits forever for a
     placement group no node can hold, so this is checked here.
 
     Args:
@@ -175,10 +191,8 @@ def layouts(pool: Pool, spec: VerlJobSpec, gpus_per_node: int | None) -> list[La
         if gpus % gpn:
             continue
         nnodes = gpus // gpn
-        cpus = cpu_needed(spec, gpn)
-        fitting = [
-            n for n in pool.nodes if n.gpus >= gpn and (n.cpu_millicores is None or n.cpu_millicores >= cpus)
-        ]
+        cpus, memory = cpu_needed(spec, gpn), memory_needed(spec, gpn)
+        fitting = [n for n in pool.nodes if _node_fits(n, gpn, cpus, memory)]
         domains = [d for d in _domains(fitting, spec) if len(d) >= nnodes]
         if not domains:
             continue

@@ -119,6 +119,7 @@ class NodeFacts:
         taints: the node's taints.
         topology: the values of the well-known topology labels present on the node.
         cpu_millicores: allocatable CPU in millicores (None when absent).
+        memory_bytes: allocatable memory in bytes (None when absent or unparsable).
     """
 
     name: str
@@ -136,6 +137,7 @@ class NodeFacts:
     taints: tuple[Taint, ...] = field(default_factory=tuple)
     topology: Mapping[str, str] = field(default_factory=dict)
     cpu_millicores: int | None = None
+    memory_bytes: int | None = None
 
 
 @functools.lru_cache(maxsize=4096)  # a cluster has a handful of product names; planning reads them per node
@@ -222,6 +224,27 @@ def cpu_millicores(raw: Any) -> int | None:
         return None
 
 
+#: Kubernetes quantity suffixes for memory: binary (Ki ... Ei) and decimal (k ... E).
+_MEMORY_SUFFIXES = {
+    **{s: 1024**i for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)},
+    **{s: 1000**i for i, s in enumerate(("k", "M", "G", "T", "P", "E"), start=1)},
+}
+_MEMORY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)|[eE]([0-9]+))?$")
+
+
+def memory_bytes(raw: Any) -> int | None:
+    """Parse a Kubernetes memory quantity (``"2Ti"``, ``"1031828Ki"``, ``"128G"``, ``"1e9"``) into bytes; None
+    if unparsable."""
+    if raw is None:
+        return None
+    match = _MEMORY.match(str(raw).strip())
+    if match is None:
+        return None
+    number, suffix, exponent = match.groups()
+    scale = _MEMORY_SUFFIXES[suffix] if suffix else 10 ** int(exponent or 0)
+    return int(float(number) * scale)
+
+
 def node_facts(node: Mapping[str, Any]) -> NodeFacts:
     """Read the planner's facts from one Kubernetes Node object.
 
@@ -280,4 +303,5 @@ def node_facts(node: Mapping[str, Any]) -> NodeFacts:
         taints=taints,
         topology={k: labels[k] for k in TOPOLOGY_LABELS if k in labels},
         cpu_millicores=cpu_millicores(allocatable.get("cpu")),
+        memory_bytes=memory_bytes(allocatable.get("memory")),
     )

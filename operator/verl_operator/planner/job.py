@@ -10,6 +10,7 @@ from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner.budget import Budget, PlanTooLarge, limited, spend
 from verl_operator.planner.cluster import Layout, Pool, cpu_needed, layouts, select
 from verl_operator.planner.facts import NodeFacts, node_facts
+from verl_operator.planner.mesh import pod_memory
 from verl_operator.planner.report import build_result
 from verl_operator.planner.resolve import Resolved, resolve
 from verl_operator.planner.result import PlanResult, Violation, infeasible
@@ -164,9 +165,12 @@ def capacity_violation(spec: VerlJobSpec, pools: Sequence[Pool], gpus_per_node: 
             f"{sum(len(p.nodes) for p in pools) - len(labelled)} eligible nodes lack the label)"
         )
         suggestions.append("set spec.placement.topologyPolicy: preferred")
+    # Per pod of the largest layout the pools could offer (the pinned GPUs per node when given).
+    per = gpus_per_node or max(1, min(gpus, max((n.gpus for p in pools for n in p.nodes), default=1)))
     suggestions.append(
-        f"nodes need {cpu_needed(spec, gpus_per_node or 1) // 1000}+ allocatable CPUs per "
-        f"{gpus_per_node or 1} GPUs (verl's placement group)"
+        f"nodes need {cpu_needed(spec, per) // 1000}+ allocatable CPUs per {per} GPUs (verl's placement group) "
+        f"and the pod's memory request, {pod_memory(spec.resources.memory_per_node, per)} per {per} GPUs "
+        "(spec.resources.memoryPerNode)"
     )
     return Violation(
         field="spec.resources.gpus", rule="not-enough-gpus", message=message, suggestions=suggestions

@@ -24,6 +24,8 @@ from verl_operator.planner.inputs import Problem, Settings
 #: plus spare CPUs per pod for the Ray daemons and the launcher.
 CPU_PER_GPU = 3
 SPARE_CPU = 2
+#: Memory each Ray pod requests per GPU unless ``resources.memoryPerNode`` says otherwise.
+MEMORY_GIB_PER_GPU = 16
 
 
 def data_parallel_size(world: int, sequence_parallel_size: int) -> int:
@@ -56,6 +58,12 @@ def pod_cpu(requested: str | None, gpus_per_node: int) -> str:
     """The CPU request of one Ray pod: ``resources.cpuPerNode`` as written, else verl's placement group
     (``CPU_PER_GPU`` per GPU) plus ``SPARE_CPU``."""
     return requested or str(CPU_PER_GPU * gpus_per_node + SPARE_CPU)
+
+
+def pod_memory(requested: str | None, gpus_per_node: int) -> str:
+    """The memory request of one Ray pod: ``resources.memoryPerNode`` as written, else ``MEMORY_GIB_PER_GPU``
+    per GPU."""
+    return requested or f"{MEMORY_GIB_PER_GPU * gpus_per_node}Gi"
 
 
 @dataclass(frozen=True)
