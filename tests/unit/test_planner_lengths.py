@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from conftest import make_nodes, make_problem, make_spec
+from conftest import make_nodes, make_problem, make_settings, make_spec
 
 from verl_operator.planner import plan_job
+from verl_operator.planner.inputs import Problem
 
 LENGTHS = {"maxPromptLength": 512, "maxResponseLength": 1024}
 
@@ -138,3 +140,21 @@ def test_dynamic_log_prob_budget_shrinks_when_the_forward_pass_does_not_fit() ->
     assert m.log_prob_peak_gib <= m.gpu_memory_gib
     keys = [o.split("=")[0] for o in result.plan.overrides]
     assert "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu" in keys
+
+
+def test_kv_cache_hint_suggests_only_a_tp_the_rollout_rules_accept() -> None:
+    """A 32k-token model length on 24 GiB GPUs at gpuMemoryUtilization 0.25: TP 4 gives the KV cache room, but
+    on NVLink pairs (nvlink required) the rules forbid TP 4, so the hint must not suggest it."""
+    from verl_operator.planner.memory import estimate
+    from verl_operator.planner.search_memory import memory_inputs, memory_violations
+
+    s = make_settings(rollout_tp=2, gpu_memory_utilization=0.25, param_offload=True, optimizer_offload=True)
+    open_ = make_problem(gpu_memory_bytes=24 * 1024**3, max_prompt_length=2048, max_response_length=30000)
+    paired = replace(open_, nvlink_required=True, nvlink_domain=2)
+
+    def hints(p: Problem) -> list[str]:
+        found = memory_violations(p, s, estimate(memory_inputs(p, s, s.world)))
+        return [h for v in found if v.rule == "kv-cache-max-model-len" for h in v.suggestions]
+
+    assert any("tensorParallelSize 4" in h for h in hints(open_)), hints(open_)
+    assert hints(paired) and not any("tensorParallelSize" in h for h in hints(paired)), hints(paired)

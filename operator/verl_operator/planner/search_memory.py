@@ -16,6 +16,15 @@ from verl_operator.planner.memory import (
 )
 from verl_operator.planner.mesh import Mesh
 from verl_operator.planner.result import Violation
+from verl_operator.planner.rules_rollout import (
+    nvlink_groups,
+    rollout_replica_node,
+    rollout_tp_divides_world,
+    rollout_tp_heads,
+)
+
+#: The rules a suggested rollout TP must pass (the ones the search's TP step checks besides memory).
+_TP_RULES = (rollout_tp_divides_world, rollout_tp_heads, rollout_replica_node, nvlink_groups)
 
 
 def memory_inputs(p: Problem, s: Settings, world: int) -> MemoryInputs:
@@ -184,8 +193,9 @@ def _kv_hints(p: Problem, s: Settings) -> list[str]:
     hints: list[str] = []
     for k in (2, 4, 8):
         tp = s.rollout_tp * k
-        if p.shape.attention_heads % tp == 0 and s.world % tp == 0:
-            kv = estimate(memory_inputs(p, replace(s, rollout_tp=tp), s.world)).kv_cache_tokens
+        larger = replace(s, rollout_tp=tp)
+        if not any(rule(p, larger) for rule in _TP_RULES):
+            kv = estimate(memory_inputs(p, larger, s.world)).kv_cache_tokens
             if kv >= p.model_len:
                 hints.append(f"use rollout tensorParallelSize {tp} ({kv} KV-cache tokens per replica)")
                 break
