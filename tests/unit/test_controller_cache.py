@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 from conftest import make_node
+from hypothesis import given
+from hypothesis import strategies as st
 
-from verl_operator.controller.cache import WatchCache, reservation
+from verl_operator.controller.cache import WatchCache, plain_copy, reservation
 from verl_operator.controller.runtime import Runtime
 from verl_operator.controller.timers import MARGIN_SECONDS, next_due
 from verl_operator.manifests.names import LABEL_JOB
@@ -371,3 +373,25 @@ def test_a_wake_is_kept_when_the_operators_own_write_stored_the_change_first() -
     assert cache.put_job(finished) is False  # its watch event: nothing new...
     assert cache.take_wake() is True  # ...but the wake is still due, once
     assert cache.take_wake() is False
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+def _containers(value: Any) -> list[int]:
+    if isinstance(value, dict):
+        return [id(value), *(i for v in value.values() for i in _containers(v))]
+    if isinstance(value, list):
+        return [id(value), *(i for v in value for i in _containers(v))]
+    return []
+
+
+@given(_JSON)
+def test_plain_copy_is_a_deep_copy_of_json(value: Any) -> None:
+    copied = plain_copy(value)
+    assert copied == value
+    assert not set(_containers(copied)) & set(_containers(value)), "no dict or list is shared"
