@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -229,6 +230,10 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     """kopf settings (bookkeeping out of ``status``, no event posting of logs, webhook) and the loop."""
     cfg = current()
+    # A thread waiting for the interpreter lock gets it after at most this long (CPython's default: 5 ms).
+    # An admission review takes and gives back the lock at every API call and socket read; with the event
+    # loop and the reconcile threads busy during a batch, each of those waits could last the whole interval.
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="verl-operator.io")
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.persistence.finalizer = "verl-operator.io/kopf-finalizer"
@@ -259,6 +264,9 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     reconciler = JobReconciler(CachedKube(api, cache), cache.snapshot, node_facts=cache.facts_of, calls=calls)
     _TASKS.append(asyncio.create_task(RUNTIME.run(reconciler, cfg.resync_seconds, cfg.workers)))
 
+
+#: The interpreter's thread switch interval in the operator process (see ``configure``).
+GIL_SWITCH_SECONDS = 0.001
 
 #: Connections kept to the API server: the reconcile workers, their pod calls and the webhook's at once.
 API_CONNECTIONS = 32
