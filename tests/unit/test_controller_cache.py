@@ -395,3 +395,29 @@ def test_plain_copy_is_a_deep_copy_of_json(value: Any) -> None:
     copied = plain_copy(value)
     assert copied == value
     assert not set(_containers(copied)) & set(_containers(value)), "no dict or list is shared"
+
+
+def test_a_write_response_after_the_deleted_event_does_not_bring_a_pod_back() -> None:
+    """The operator's own write (a gate removal) answered after the watch showed the pod deleted: the late
+    response is ignored, so the pod's GPUs stay free (no later event would ever drop it again)."""
+    cache = WatchCache()
+    cache.put_pod(gpu_pod("p", "n1", rv=3))
+    assert cache.drop_pod(gpu_pod("p", "n1", rv=4)) is True
+    assert cache.put_pod(gpu_pod("p", "n1", rv=3)) is False
+    assert cache.snapshot().pod_entries == [] and cache.job_pods("ns", "j1") == []
+    other = gpu_pod("p", "n1", rv=9)  # a new pod of the same name: a new uid
+    other["metadata"]["uid"] = "uid-p-2"
+    cache.put_pod(other)
+    assert len(cache.snapshot().pod_entries) == 1
+
+
+def test_a_status_response_after_the_deleted_event_does_not_bring_a_job_back() -> None:
+    cache = WatchCache()
+    cache.put_job(verljob("j1", "Running", ("n1",), rv=5))
+    assert cache.drop_job(("ns", "j1")) is True
+    cache.put_job(verljob("j1", "Running", ("n1",), rv=6))  # a status patch answered just before the delete
+    assert cache.job("ns", "j1") is None and cache.snapshot().reservations == []
+    again = verljob("j1", rv=20)  # the same name applied again: a new uid
+    again["metadata"]["uid"] = "uid-j1-2"
+    cache.put_job(again)
+    assert cache.job("ns", "j1") is not None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -34,6 +35,9 @@ from verl_operator.placement import NodeCapacity
 from verl_operator.planner.facts import NodeFacts, node_facts
 
 JobKey = tuple[str, str]
+
+#: Deleted uids remembered (a late response comes within seconds; a uid is never reused).
+GONE_KEPT = 65536
 
 
 def _rv(obj: Mapping[str, Any]) -> int | None:
@@ -92,6 +96,10 @@ class WatchCache:
         self.wake_due = False
         self.priority_values: dict[str, int] = {}
         self.priority_defaults: dict[str, int] = {}
+        #: uids of pods and VerlJobs the watch showed deleted (the latest GONE_KEPT): an API response of the
+        #: operator's own write that arrives after the DELETED event must not bring the object back, with
+        #: the GPUs it held, for good (no later event would remove it again).
+        self.gone: OrderedDict[str, None] = OrderedDict()
         #: Node facts recomputed (a Node changed a fact) since start: the benchmark and the tests read it.
         self.node_fact_changes = 0
 
@@ -124,6 +132,8 @@ class WatchCache:
         entry = pod_usage_entry(pod)
         job = (meta.get("labels") or {}).get(LABEL_JOB)
         with self.lock:
+            if uid in self.gone:
+                return False
             if job:
                 pods = self.job_pods_by_job.setdefault((str(meta.get("namespace", "")), str(job)), {})
                 name = str(meta.get("name", ""))
@@ -136,10 +146,11 @@ class WatchCache:
             return before is not None and entry is None
 
     def drop_pod(self, pod: Mapping[str, Any]) -> bool:
-        """Forget a deleted pod; True when it held GPUs."""
+        """Forget a deleted pod (for good: see :attr:`gone`); True when it held GPUs."""
         meta = pod.get("metadata") or {}
         job = (meta.get("labels") or {}).get(LABEL_JOB)
         with self.lock:
+            self._bury(str(meta.get("uid", "")))
             if job:
                 key = (str(meta.get("namespace", "")), str(job))
                 pods = self.job_pods_by_job.get(key, {})
@@ -161,7 +172,7 @@ class WatchCache:
         entry = waiting_entry(job)
         with self.lock:
             old = self.jobs.get(key)
-            if not _newer(job, old):
+            if not _newer(job, old) or str(meta.get("uid", "")) in self.gone:
                 return False
             self.jobs[key] = _kept(job)
             before = self.waiting.pop(key, None)
@@ -186,8 +197,19 @@ class WatchCache:
         """Forget a deleted VerlJob; True when it held a reservation or waited in the queue."""
         with self.lock:
             old = self.jobs.pop(key, None)
+            if old is not None:
+                self._bury(str((old.get("metadata") or {}).get("uid", "")))
             queued = self.waiting.pop(key, None) is not None
             return queued or (old is not None and reservation(old) is not None)
+
+    def _bury(self, uid: str) -> None:
+        """Remember a deleted object's uid (under the lock); the oldest are forgotten past GONE_KEPT."""
+        if not uid:
+            return
+        self.gone[uid] = None
+        self.gone.move_to_end(uid)
+        while len(self.gone) > GONE_KEPT:
+            self.gone.popitem(last=False)
 
     def put_priority_class(self, obj: Mapping[str, Any]) -> bool:
         """Store a PriorityClass's value; True when the queue's order may have changed."""
