@@ -629,43 +629,45 @@ def test_a_job_posts_each_child_once_and_reads_none_back(
     assert made.get("POST pods 201") == 3.0, made  # the admission dry run of the head, the two pods
 
 
-def _api_requests(kube: client.ApiClient) -> dict[str, float]:
-    """Namespaced requests the API server has served (every client), by verb, resource and HTTP code."""
+def _request_totals(kube: client.ApiClient) -> list[tuple[dict[str, str], float]]:
+    """The API server's ``apiserver_request_total`` series (every client): each one's labels and count."""
     rsp = kube.rest_client.request("GET", f"{kube.configuration.host}/metrics")
-    out: dict[str, float] = {}
+    out = []
     for line in rsp.read().decode().splitlines():
         if not line.startswith("apiserver_request_total{"):
             continue
         labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.rindex("}")].split(","))
-        value = {k: v.strip('"') for k, v in labels.items()}
+        out.append(({k: v.strip('"') for k, v in labels.items()}, float(line.rsplit(" ", 1)[1])))
+    return out
+
+
+def _api_requests(kube: client.ApiClient) -> dict[str, float]:
+    """Namespaced requests the API server has served (every client), by verb, resource and HTTP code."""
+    out: dict[str, float] = {}
+    for value, count in _request_totals(kube):
         if value.get("scope") not in ("namespace", "resource"):
             continue
         sub = value.get("subresource", "")
         key = f"{value.get('verb')} {value.get('resource')}{'/' + sub if sub else ''} {value.get('code')}"
-        out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        out[key] = out.get(key, 0.0) + count
     return out
 
 
 def _api_reads(kube: client.ApiClient) -> dict[str, float]:
     """Namespaced GET and LIST requests the API server has served for VerlJobs and pods."""
-    rsp = kube.rest_client.request("GET", f"{kube.configuration.host}/metrics")
     out: dict[str, float] = {}
-    for line in rsp.read().decode().splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.rindex("}")].split(","))
-        verb, resource = labels.get("verb", "").strip('"'), labels.get("resource", "").strip('"')
+    for value, count in _request_totals(kube):
+        verb, resource = value.get("verb", ""), value.get("resource", "")
         # Namespaced reads only (what a per-pass GET of the job or LIST of its pods is): a watch that
         # restarts with a LIST, the operator's or another component's, is cluster-wide.
-        scope = labels.get("scope", "").strip('"')
         if (
             verb in ("GET", "LIST")
             and resource in ("verljobs", "pods")
-            and scope in ("namespace", "resource")
-            and not labels["subresource"].strip('"')
+            and value.get("scope") in ("namespace", "resource")
+            and not value.get("subresource")
         ):
             key = f"{verb} {resource}"
-            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+            out[key] = out.get(key, 0.0) + count
     return out
 
 
