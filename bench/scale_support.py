@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from verl_operator.devcluster.profiles import node_group_like
+
 GPU = "nvidia.com/gpu"
 IMAGE = "ghcr.io/example/verl:0.9.1"
 #: Nodes per job, cycled: 1, 2, 4, 8 DGX nodes -> 3.75 pods per job on average (200 jobs = 750 pods).
@@ -62,24 +64,12 @@ def scale_profile(nodes: int, rack_size: int = 16, group_size: int = 200) -> dic
         count = min(group_size, nodes - start)
         racks = max(1, math.ceil(count / rack_size))
         groups.append(
-            {
-                "namePrefix": f"sc{g:02d}",
-                "count": count,
-                "gpu": {
-                    "product": "NVIDIA-H100-80GB-HBM3",
-                    "count": GPUS_PER_NODE,
-                    "memoryMib": 81559,
-                    "family": "hopper",
-                    "machine": "DGX-H100",
-                    "computeMajor": 9,
-                    "computeMinor": 0,
-                },
-                "cpu": "224",
-                "memory": "2Ti",
-                "region": "us-east",
-                "zone": "us-east-1a",
-                "racks": [f"rack-{g:02d}-{i:02d}" for i in range(racks)],
-            }
+            node_group_like(
+                "dgx-h100",
+                namePrefix=f"sc{g:02d}",
+                count=count,
+                racks=[f"rack-{g:02d}-{i:02d}" for i in range(racks)],
+            )
         )
     return {
         "name": "scale",

@@ -20,7 +20,7 @@ from cluster.test_operator_jobs import Jobs, job
 from verl_operator.devcluster import DevCluster
 from verl_operator.devcluster.labels import PROFILE
 from verl_operator.devcluster.localrun import LocalOperator, install_crd
-from verl_operator.devcluster.profiles import parse_profile
+from verl_operator.devcluster.profiles import node_group_like, parse_profile
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -29,24 +29,7 @@ NODES = 5
 QUEUE_NODES = {
     "name": NAME,
     "nodeGroups": [
-        {
-            "namePrefix": "qh",
-            "count": NODES,
-            "gpu": {
-                "product": "NVIDIA-H100-80GB-HBM3",
-                "count": 8,
-                "memoryMib": 81559,
-                "family": "hopper",
-                "machine": "DGX-H100",
-                "computeMajor": 9,
-                "computeMinor": 0,
-            },
-            "cpu": "224",
-            "memory": "2Ti",
-            "region": "us-east",
-            "zone": "us-east-1b",
-            "racks": ["rack-q1"],
-        }
+        node_group_like("dgx-h100", namePrefix="qh", count=NODES, zone="us-east-1b", racks=["rack-q1"])
     ],
 }
 ONLY_THESE = {"nodeSelector": {PROFILE: NAME}}

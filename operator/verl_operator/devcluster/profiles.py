@@ -231,6 +231,13 @@ def load_profile(name_or_path: str) -> Profile:
     return parse_profile(data, str(path))
 
 
+def node_group_like(name: str, **changes: Any) -> dict[str, Any]:
+    """The first node group of the shipped profile ``name`` as a profile dict (camelCase, no spine block), with
+    ``changes`` (camelCase keys) applied: a group of the same machines for a test or a benchmark."""
+    group = load_profile(name).node_groups[0]
+    return {**group.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"block"}), **changes}
+
+
 def gpu_labels(gpu: Gpu) -> dict[str, str]:
     """The GPU Feature Discovery labels of a node with these GPUs (and the NVLink label where set)."""
     out = {
