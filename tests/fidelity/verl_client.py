@@ -110,8 +110,13 @@ def check_batch(env: VerlEnv, requests: Sequence[CheckRequest], timeout_s: float
         RuntimeError: The runner crashed or printed no result (its stderr tail is in the message).
     """
     payload = json.dumps({"requests": [request.to_json(env.version) for request in requests]})
+    return _results(env, _run_once(env, [], payload, timeout_s), requests)
+
+
+def _run_once(env: VerlEnv, args: list[str], payload: str | None, timeout_s: float) -> Any:
+    """One ``verl_runner.py`` process in ``env``: its last stdout line as JSON (RuntimeError if it printed none)."""
     proc = subprocess.run(
-        [str(env.python), str(RUNNER)],
+        [str(env.python), str(RUNNER), *args],
         input=payload,
         capture_output=True,
         text=True,
@@ -122,7 +127,7 @@ def check_batch(env: VerlEnv, requests: Sequence[CheckRequest], timeout_s: float
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"verl runner exited {proc.returncode}; stderr tail:\n{proc.stderr[-4000:]}")
-    return _results(env, json.loads(lines[-1]), requests)
+    return json.loads(lines[-1])
 
 
 def _results(env: VerlEnv, data: dict[str, Any], requests: Sequence[CheckRequest]) -> list[CheckResult]:
@@ -214,16 +219,5 @@ class VerlRunner:
 
 def config_keys(env: VerlEnv, timeout_s: float = 300) -> tuple[str, list[str]]:
     """``(verl version, every key path of its ppo_trainer config)`` from ``verl_runner.py --keys`` in ``env``."""
-    proc = subprocess.run(
-        [str(env.python), str(RUNNER), "--keys"],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=_runner_env(),
-        check=False,
-    )
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"verl runner exited {proc.returncode}; stderr tail:\n{proc.stderr[-4000:]}")
-    data = json.loads(lines[-1])
+    data = _run_once(env, ["--keys"], None, timeout_s)
     return str(data["verlVersion"]), list(data["keys"])
