@@ -252,6 +252,12 @@ def critic_micro(p: Problem, s: Settings, actor_micro: int, critic_per_gpu: int)
     return max(fitting, default=1)
 
 
+def _budgets(p: Problem, s: Settings) -> list[int]:
+    """Token budgets to try, largest first, down to the smallest that holds one whole sequence per GPU."""
+    floor = -(-p.seq_len // s.sequence_parallel_size)
+    return [b for b in TOKEN_BUDGET_STEPS if b >= floor]
+
+
 def _train_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
     mesh = Mesh.of(p, s)
     dp, critic_dp = mesh.data_parallel_size, mesh.critic_data_parallel_size
@@ -259,10 +265,8 @@ def _train_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
         if fixed.max_token_len_per_gpu is not None:
             yield s
             return
-        floor = -(-p.seq_len // s.sequence_parallel_size)
-        for budget in TOKEN_BUDGET_STEPS:
-            if budget >= floor:
-                yield replace(s, max_token_len_per_gpu=budget)
+        for budget in _budgets(p, s):
+            yield replace(s, max_token_len_per_gpu=budget)
         return
     pinned = fixed.ppo_micro_batch_size_per_gpu
     if pinned is None and fixed.ppo_micro_batch_size_global is not None:
@@ -288,9 +292,8 @@ def _log_prob_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Setting
         if pinned is None and top is not None:
             # The forward pass keeps fewer bytes per token than the update but more per logit: when the
             # actor's budget does not fit it, smaller log-prob budgets are tried.
-            floor = -(-p.seq_len // s.sequence_parallel_size)
-            for budget in TOKEN_BUDGET_STEPS:
-                if floor <= budget < top:
+            for budget in _budgets(p, s):
+                if budget < top:
                     yield replace(s, log_prob_max_token_len_per_gpu=budget)
         return
     mesh = Mesh.of(p, s)
