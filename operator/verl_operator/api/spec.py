@@ -171,6 +171,13 @@ class ModelSpec(_Model):
         default=None,
         description="Architecture numbers; optional when path names a model in the built-in catalog.",
     )
+    dtype: Literal["bfloat16", "float16"] = Field(
+        default="bfloat16",
+        description=(
+            "Compute dtype of training and rollout (verl's default bfloat16). bfloat16 needs GPUs of compute "
+            "capability 8.0 or newer (vLLM refuses it below); float16 runs on V100 and T4 too."
+        ),
+    )
 
 
 class CriticSpec(_Model):
@@ -257,6 +264,16 @@ class ResourcesSpec(_Model):
     )
     shm_size: Quantity | None = Field(
         default=None, description="Size of the /dev/shm memory volume (default 64Gi)."
+    )
+    gpu_memory_mib: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,  # 1 TiB: far above any GPU (a B200 has 180 GiB)
+        alias="gpuMemoryMiB",
+        description=(
+            "Memory of one GPU in MiB, for nodes whose labels do not say it (no nvidia.com/gpu.memory label "
+            "and a product outside the built-in table, e.g. a bare nvidia.com/gpu=present node); a label wins."
+        ),
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from verl_launcher.gpus import same_product
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.planner.facts import NodeFacts, Taint, cpu_millicores, memory_bytes, normalise_product
+from verl_operator.planner.facts import NodeFacts, Taint, cpu_millicores, memory_bytes
 from verl_operator.planner.mesh import pod_cpu, pod_memory
 
 #: Taints that GPU pods tolerate by convention (the operator adds these tolerations to its pods).
@@ -73,28 +73,33 @@ def _tolerated(taint: Taint, tolerations: Sequence[Mapping[str, Any]]) -> bool:
     return False
 
 
+#: bfloat16 needs compute capability 8.0 (Ampere) or newer: vLLM refuses ``dtype=bfloat16`` below it, and
+#: torch's bf16 kernels are emulated or missing on Volta and Turing.
+BF16_MIN_COMPUTE = (8, 0)
+
+
 def exclusion_reason(node: NodeFacts, spec: VerlJobSpec) -> str | None:
     """Why a node cannot host the job's pods, or None when it can.
 
     Args:
         node: The node's facts.
-        spec: The job (GPU product, node selector, tolerations).
+        spec: The job (GPU product, GPU memory, dtype, node selector, tolerations).
     """
     res = spec.resources
+    if node.gpu_mig is not None:
+        return node.gpu_mig
     if node.gpus <= 0:
         return "no allocatable nvidia.com/gpu"
     if not node.ready:
         return "not Ready"
     if not node.schedulable:
         return "cordoned (spec.unschedulable)"
-    if (
-        "-MIG-" in normalise_product(node.gpu_product)
-        or node.labels.get("nvidia.com/mig.strategy") == "single"
-    ):
-        return "MIG slices (nvidia.com/mig.strategy=single): capacity is not whole GPUs"
-    if node.gpu_replicas > 1:
+    if node.gpu_sharing is not None:
+        physical = node.gpus // node.gpu_replicas if node.gpu_replicas > 1 else None
+        count = f"{node.gpus} advertised GPUs are {physical} physical ones" if physical else "GPUs are shared"
         return (
-            f"time-sliced GPUs (nvidia.com/gpu.replicas={node.gpu_replicas}): capacity is not physical GPUs"
+            f"time-sliced replicas of one GPU ({node.gpu_sharing}): the {count}, and verl cannot put two "
+            "ranks on one physical GPU"
         )
     if res.gpu_product and not same_product(res.gpu_product, node.gpu_product):
         return f"GPU product {node.gpu_product or 'unknown'} is not {res.gpu_product}"
@@ -104,9 +109,31 @@ def exclusion_reason(node: NodeFacts, spec: VerlJobSpec) -> str | None:
     for taint in node.taints:
         if not _tolerated(taint, res.tolerations):
             return f"taint {taint.key}={taint.value}:{taint.effect} not tolerated"
-    if node.gpu_memory_mib is None:
-        return f"GPU memory unknown: label {node.gpu_product or 'the node'} with nvidia.com/gpu.memory (MiB)"
+    cc = node.compute_capability
+    if spec.model.dtype == "bfloat16" and cc is not None and cc < BF16_MIN_COMPUTE:
+        return (
+            f"compute capability {cc[0]}.{cc[1]} ({node.gpu_product or 'GPU'}): bfloat16 needs 8.0 or newer "
+            "(vLLM refuses it); set spec.model.dtype: float16"
+        )
+    if node.gpu_memory_mib is None and res.gpu_memory_mib is None:
+        return f"GPU memory unknown: {memory_hint(node)}"
     return None
+
+
+def memory_hint(node: NodeFacts) -> str:
+    """Which label is missing for the GPU memory of ``node``, and how to supply it."""
+    fix = "label the node nvidia.com/gpu.memory=<MiB> or set spec.resources.gpuMemoryMiB"
+    if node.gpu_product:
+        return f"no nvidia.com/gpu.memory label and {node.gpu_product} is not in the built-in table; {fix}"
+    return (
+        "no nvidia.com/gpu.product or nvidia.com/gpu.memory label (GPU Feature Discovery is not installed?); "
+        f"install GPU Feature Discovery, {fix}"
+    )
+
+
+def gpu_memory(node: NodeFacts, spec: VerlJobSpec) -> int | None:
+    """GPU memory of ``node`` in MiB: its labels' or the product table's, else ``spec.resources.gpuMemoryMiB``."""
+    return node.gpu_memory_mib if node.gpu_memory_mib is not None else spec.resources.gpu_memory_mib
 
 
 def select(facts: Sequence[NodeFacts], spec: VerlJobSpec) -> tuple[list[Pool], dict[str, str]]:
@@ -122,8 +149,9 @@ def select(facts: Sequence[NodeFacts], spec: VerlJobSpec) -> tuple[list[Pool], d
         if reason is not None:
             excluded[node.name] = reason
             continue
-        assert node.gpu_memory_mib is not None  # exclusion_reason guarantees it
-        key = (node.gpu_product, node.gpu_memory_mib, node.nvlink_domain_size)
+        memory = gpu_memory(node, spec)
+        assert memory is not None  # exclusion_reason guarantees it
+        key = (node.gpu_product, memory, node.nvlink_domain_size)
         groups.setdefault(key, []).append(node)
     pools = [
         Pool(product=k[0], memory_mib=k[1], nvlink_domain=k[2], nodes=tuple(v))

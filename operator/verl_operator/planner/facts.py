@@ -3,7 +3,8 @@
 NVLink domain (see ``docs/topology.md``): the label ``verl-operator.io/nvlink-domain-size`` (GPUs per
 intra-node NVLink domain, ``"1"`` = none) wins when the launcher's topology probe has written it; otherwise the
 size is derived from ``nvidia.com/gpu.product``: SXM/HGX/NVSwitch parts -> all GPUs of the node, PCIe parts -> 1.
-``nvidia.com/gpu.clique`` names a multi-node NVLink domain (GB200 NVL72).
+``nvidia.com/gpu.clique`` names a multi-node NVLink domain (GB200 NVL72). The GPU labels themselves (GFD, GKE,
+Karpenter spellings; MIG and sharing) are read by :mod:`verl_operator.planner.gpu_labels`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from verl_operator.planner.gpu_labels import read_gpu_labels
 
 GPU_RESOURCE = "nvidia.com/gpu"
 LABEL_PRODUCT = "nvidia.com/gpu.product"
@@ -57,6 +60,11 @@ GPU_MEMORY_MIB: dict[str, int] = {
     "L40": 46068,
     "L4": 23034,
     "A10G": 23028,
+    "A30": 24576,
+    "L20": 46068,
+    "V100-PCIE-16GB": 16384,
+    "V100-PCIE-32GB": 32768,
+    "V100S-PCIE-32GB": 32768,
     "A10": 23028,
     "A40": 46068,
     "V100-SXM2-32GB": 32768,
@@ -106,10 +114,12 @@ class NodeFacts:
     Attributes:
         name: metadata.name.
         labels: all labels.
-        gpu_product: ``nvidia.com/gpu.product`` ("" when absent).
+        gpu_product: The physical GPU product in GFD spelling (from ``nvidia.com/gpu.product`` without its
+            ``-SHARED`` / ``-MIG-...`` suffix, or from a cloud label); "" when no label names it.
         gpus: allocatable ``nvidia.com/gpu`` (0 when absent).
-        gpu_memory_mib: from ``nvidia.com/gpu.memory`` or the product table; None when unknown.
-        gpu_memory_source: "label", "table" or "unknown".
+        gpu_memory_mib: from ``nvidia.com/gpu.memory`` (MiB, or bytes), Karpenter's label or the product table;
+            None when unknown.
+        gpu_memory_source: "label", "label (bytes)", "karpenter", "table" or "unknown".
         nvlink_domain_size: GPUs per intra-node NVLink domain (1 = none).
         nvlink_source: "label" (topology probe), "product" (derived) or "default".
         clique: ``nvidia.com/gpu.clique`` (multi-node NVLink domain) or None.
@@ -120,6 +130,11 @@ class NodeFacts:
         topology: the values of the well-known topology labels present on the node.
         cpu_millicores: allocatable CPU in millicores (None when absent).
         memory_bytes: allocatable memory in bytes (None when absent or unparsable).
+        gpu_product_source: the label the product was read from ("" when none).
+        gpu_mig: why the GPU capacity is MIG slices, None for whole GPUs.
+        gpu_sharing: why the GPU capacity is shared replicas (time-slicing, MPS), None when not shared.
+        compute_capability: CUDA compute capability (major, minor) from the labels or the product; None if
+            unknown.
     """
 
     name: str
@@ -138,6 +153,10 @@ class NodeFacts:
     topology: Mapping[str, str] = field(default_factory=dict)
     cpu_millicores: int | None = None
     memory_bytes: int | None = None
+    gpu_product_source: str = ""
+    gpu_mig: str | None = None
+    gpu_sharing: str | None = None
+    compute_capability: tuple[int, int] | None = None
 
 
 @functools.lru_cache(maxsize=4096)  # a cluster has a handful of product names; planning reads them per node
@@ -260,12 +279,11 @@ def node_facts(node: Mapping[str, Any]) -> NodeFacts:
     labels = {str(k): str(v) for k, v in (metadata.get("labels") or {}).items()}
     allocatable: Mapping[str, Any] = status.get("allocatable") or status.get("capacity") or {}
     gpus = _quantity_int(allocatable.get(GPU_RESOURCE))
-    product = labels.get(LABEL_PRODUCT, "")
-    replicas = _int_label(labels, LABEL_REPLICAS) or 1
+    reading = read_gpu_labels(labels, allocatable)
+    product, replicas = reading.product, reading.replicas
 
-    memory = _int_label(labels, LABEL_MEMORY)
-    memory_source = "label"
-    if memory is None or memory <= 0:
+    memory, memory_source = reading.memory_mib, reading.memory_source
+    if memory is None:
         memory = memory_from_product(product) if product else None
         memory_source = "table" if memory is not None else "unknown"
 
@@ -304,4 +322,8 @@ def node_facts(node: Mapping[str, Any]) -> NodeFacts:
         topology={k: labels[k] for k in TOPOLOGY_LABELS if k in labels},
         cpu_millicores=cpu_millicores(allocatable.get("cpu")),
         memory_bytes=memory_bytes(allocatable.get("memory")),
+        gpu_product_source=reading.product_source,
+        gpu_mig=reading.mig,
+        gpu_sharing=reading.sharing,
+        compute_capability=reading.compute_capability,
     )

@@ -88,15 +88,13 @@ def _plan_resolved(
     facts = [n if isinstance(n, NodeFacts) else node_facts(n) for n in nodes]
     pools, excluded = select(facts, spec)
     if not pools:
-        reasons = sorted({v for v in excluded.values()})
         return infeasible(
             [
                 Violation(
                     field="spec.resources",
                     rule="no-eligible-nodes",
-                    message=f"none of the {len(facts)} nodes can host the job"
-                    + (f" ({'; '.join(reasons[:5])})" if reasons else ""),
-                    suggestions=["check spec.resources.gpuProduct, nodeSelector and tolerations"],
+                    message=f"none of the {len(facts)} nodes can host the job" + _reasons_text(excluded),
+                    suggestions=_exclusion_suggestions(excluded),
                 )
             ]
         )
@@ -175,3 +173,32 @@ def capacity_violation(spec: VerlJobSpec, pools: Sequence[Pool], gpus_per_node: 
     return Violation(
         field="spec.resources.gpus", rule="not-enough-gpus", message=message, suggestions=suggestions
     )
+
+
+def _reasons_text(excluded: Mapping[str, str]) -> str:
+    """`` (2 nodes: reason; gpu-3: reason)``: the five commonest reasons, with a count or the node's name."""
+    by_reason: dict[str, list[str]] = {}
+    for node, reason in excluded.items():
+        by_reason.setdefault(reason, []).append(node)
+    if not by_reason:
+        return ""
+    ordered = sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:5]
+    parts = [
+        f"{nodes[0] if len(nodes) == 1 else f'{len(nodes)} nodes'}: {reason}" for reason, nodes in ordered
+    ]
+    return f" ({'; '.join(parts)})"
+
+
+def _exclusion_suggestions(excluded: Mapping[str, str]) -> list[str]:
+    """What would make an excluded node eligible, by the kinds of reasons seen."""
+    text = " ".join(excluded.values())
+    out: list[str] = []
+    if "bfloat16" in text:
+        out.append("set spec.model.dtype: float16 for GPUs older than compute capability 8.0")
+    if "MIG" in text or "time-sliced" in text:
+        out.append(
+            "use nodes with whole GPUs: MIG disabled (nvidia.com/mig.config=all-disabled), no time-slicing"
+        )
+    if "GPU memory unknown" in text:
+        out.append("set spec.resources.gpuMemoryMiB or label the nodes nvidia.com/gpu.memory=<MiB>")
+    return out or ["check spec.resources.gpuProduct, nodeSelector and tolerations"]
