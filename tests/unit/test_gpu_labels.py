@@ -156,3 +156,19 @@ def test_a_cloud_product_is_what_the_launcher_will_see(cloud: str, nvidia_smi: s
     """The product read from a cloud label is the one the launcher's check compares with nvidia-smi's names."""
     product = read_gpu_labels({"cloud.google.com/gke-accelerator": cloud}, {}).product
     assert same_product(product, nvidia_smi), product
+
+
+def test_float16_flows_into_verls_overrides() -> None:
+    t4 = next(f for f in FIXTURES if f["id"] == "t4-bf16")
+    spec = make_spec(gpus=4, model="Qwen/Qwen2.5-0.5B-Instruct")
+    fp16 = spec.model_copy(update={"model": spec.model.model_copy(update={"dtype": "float16"})})
+    result = plan_job(fp16, [_node(t4)])
+    assert result.feasible and result.plan is not None, [v.one_line() for v in result.violations]
+    overrides = set(result.plan.overrides)
+    assert {
+        "actor_rollout_ref.rollout.dtype=float16",
+        "actor_rollout_ref.actor.fsdp_config.dtype=float16",
+        "actor_rollout_ref.ref.fsdp_config.dtype=float16",
+    } <= overrides
+    bf16 = plan_job(spec, [_node(next(f for f in FIXTURES if f["id"] == "gpu-operator-dgx-h100"))])
+    assert bf16.plan is not None and not any("dtype" in o for o in bf16.plan.overrides)

@@ -144,6 +144,7 @@ class Emitted:
     critic: bool
     rollout_mode: str = ""
     critic_model_path: str | None = None
+    dtype: str = "bfloat16"
 
 
 def emit(planned: Emitted, passthrough: Sequence[Override]) -> list[str]:
@@ -190,6 +191,7 @@ def emit(planned: Emitted, passthrough: Sequence[Override]) -> list[str]:
         (f"{ARR}.ref.log_prob_use_dynamic_bsz", st.dynamic_batch_size),
     ]
     out += _batch_keys(planned)
+    out += dtype_keys(planned)
     rendered = [f"{k}={format_value(val)}" for k, val in out]
     return rendered + [ov.raw.strip() for ov in passthrough]
 
@@ -216,4 +218,22 @@ def _batch_keys(planned: Emitted) -> list[tuple[str, Any]]:
         out.append(("critic.use_dynamic_bsz", st.dynamic_batch_size))
         # verl's default names ~/models/deepseek-llm-7b-chat: a critic without a path fails to build.
         out.append(("critic.model.path", planned.critic_model_path or planned.model_path))
+    return out
+
+
+def dtype_keys(planned: Emitted) -> list[tuple[str, Any]]:
+    """``spec.model.dtype: float16``: vLLM's dtype and FSDP's mixed-precision parameter dtype (verl's defaults
+    are bfloat16, which GPUs below compute capability 8.0 cannot run). The FSDP workers of both releases take
+    the parameter dtype from ``fsdp_config.dtype`` when no ``mixed_precision`` block is given
+    (0.6.1 ``workers/fsdp_workers.py`` ``_build_model_optimizer``; 0.9.1 ``workers/config/engine.py``
+    ``FSDPEngineConfig.dtype``); the 0.9 critic's engine config is ``critic.fsdp``."""
+    if planned.dtype != "float16":
+        return []
+    out: list[tuple[str, Any]] = [
+        (f"{ARR}.rollout.dtype", "float16"),
+        (f"{ARR}.actor.fsdp_config.dtype", "float16"),
+        (f"{ARR}.ref.fsdp_config.dtype", "float16"),
+    ]
+    if planned.critic:  # 0.9 only: the planner refuses float16 with a 0.6 critic (planner/job.py)
+        out.append(("critic.fsdp.dtype", "float16"))
     return out

@@ -76,6 +76,8 @@ class Problem:
     #: The data's mean prompt and response lengths (``spec.data.mean*Length``), for the memory estimate only.
     mean_prompt_length: int | None = None
     mean_response_length: int | None = None
+    #: ``spec.model.dtype``: training's and the rollout's compute dtype.
+    dtype: str = "bfloat16"
     #: The actor's update computes the entropy of its logits (``actor.entropy_coeff`` not 0).
     entropy: bool = False
     #: Of the layout's candidate nodes: those whose NVLink domains are partial (fewer GPUs than the node), and

@@ -72,6 +72,8 @@ def _plan(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any] | NodeFacts]) -> 
     resolved = resolve(spec)
     if isinstance(resolved, list):
         return infeasible(resolved)
+    if spec.model.dtype == "float16" and spec.verl.version == "0.6" and resolved.problem.needs_critic:
+        return infeasible([_fp16_critic_06()])
     result = _plan_resolved(spec, resolved, nodes)
     if not resolved.warnings:
         return result
@@ -202,3 +204,16 @@ def _exclusion_suggestions(excluded: Mapping[str, str]) -> list[str]:
     if "GPU memory unknown" in text:
         out.append("set spec.resources.gpuMemoryMiB or label the nodes nvidia.com/gpu.memory=<MiB>")
     return out or ["check spec.resources.gpuProduct, nodeSelector and tolerations"]
+
+
+def _fp16_critic_06() -> Violation:
+    return Violation(
+        field="spec.model.dtype",
+        rule="dtype",
+        message=(
+            "float16 with a critic (algorithm ppo) on verl 0.6: its critic's FSDP wrapper always uses bfloat16 "
+            "parameters unless a mixed_precision block is given (workers/fsdp_workers.py, CriticWorker "
+            "_build_critic_model_optimizer), which 0.6's critic config cannot take"
+        ),
+        suggestions=["use spec.verl.version 0.9", "or a critic-free algorithm (grpo)", "or bfloat16 GPUs"],
+    )

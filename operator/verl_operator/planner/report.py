@@ -138,6 +138,7 @@ def _emitted(p: Problem, s: Settings, adv: str, model_path: str) -> dialect.Emit
         critic=p.needs_critic,
         rollout_mode=p.mode,
         critic_model_path=p.critic_model_path,
+        dtype=p.dtype,
     )
 
 

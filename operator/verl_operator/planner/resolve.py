@@ -329,6 +329,7 @@ def _problem(
     model_len = r.get_int("max_model_len") or (max_prompt + max_response)
     batched = r.get_int("max_num_batched_tokens") or (max(8192, model_len) if mode == "sync" else 8192)
     return Problem(
+        dtype=spec.model.dtype,
         version=spec.verl.version,
         shape=model.shape,
         params=model.params,
