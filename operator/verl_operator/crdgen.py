@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from verl_operator.api.spec import GROUP, KIND, PLURAL, VERSION, VerlJobSpec
-from verl_operator.api.status import ACTIVE_PHASES, PHASES, VerlJobStatus
+from verl_operator.api.status import ACTIVE_PHASES, FINISHED_PHASES, PHASES, VerlJobStatus
 from verl_operator.manifests.names import MAX_JOB_NAME
 
 CRD_PATH = "crds/verl-operator.io_verljobs.yaml"
@@ -74,6 +74,41 @@ MUTABLE_WHILE_RUNNING = frozenset(
 )
 
 
+#: Spec fields that may change after the job finished (Succeeded or Failed): when to delete it. Nothing else
+#: would take effect (a finished job never plans or starts again), so any other change is refused.
+MUTABLE_WHEN_FINISHED = frozenset({"ttlSecondsAfterFinished"})
+
+
+def _same(field: str) -> str:
+    """CEL: ``spec.<field>`` is unchanged (set to the same value, or unset in both)."""
+    return (
+        f"(has(self.spec.{field}) ? has(oldSelf.spec.{field}) && self.spec.{field} == oldSelf.spec.{field} "
+        f": !has(oldSelf.spec.{field}))"
+    )
+
+
+def finished_field_rules() -> tuple[dict[str, str], ...]:
+    """CEL transition rules (on the root, which sees the old status) that refuse a spec change of a finished
+    job: it would be stored and never acted on (the API server has no other way to say so at apply)."""
+    finished = ", ".join(f"'{p}'" for p in sorted(FINISHED_PHASES, key=PHASES.index))
+    guard = f"!has(oldSelf.status) || !has(oldSelf.status.phase) || !(oldSelf.status.phase in [{finished}])"
+    rules = []
+    for field in VerlJobSpec.model_json_schema(by_alias=True)["properties"]:
+        if field in MUTABLE_WHEN_FINISHED:
+            continue
+        rules.append(
+            {
+                "rule": f"{guard} || {_same(field)}",
+                "message": (
+                    f"spec.{field} cannot change after the job finished (Succeeded or Failed): a finished job "
+                    "never runs again; create a new job (or delete and recreate this one)"
+                ),
+                "fieldPath": f".spec.{field}",
+            }
+        )
+    return tuple(rules)
+
+
 def immutable_field_rules() -> tuple[dict[str, str], ...]:
     """CEL transition rules (on the root) that keep the pod-shaping spec fields fixed while the job runs.
 
@@ -89,10 +124,7 @@ def immutable_field_rules() -> tuple[dict[str, str], ...]:
     for field in VerlJobSpec.model_json_schema(by_alias=True)["properties"]:
         if field in MUTABLE_WHILE_RUNNING:
             continue
-        same = (
-            f"(has(self.spec.{field}) ? has(oldSelf.spec.{field}) && self.spec.{field} == oldSelf.spec.{field} "
-            f": !has(oldSelf.spec.{field}))"
-        )
+        same = _same(field)
         rules.append(
             {
                 "rule": f"{guard} || {same}",
@@ -212,7 +244,7 @@ def build_crd() -> dict[str, Any]:
         "type": "object",
         "description": "A verl RL post-training job: planned, validated and placed on NVLink-correct nodes.",
         "required": ["spec"],
-        "x-kubernetes-validations": [*ROOT_RULES, *immutable_field_rules()],
+        "x-kubernetes-validations": [*ROOT_RULES, *immutable_field_rules(), *finished_field_rules()],
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of the object."},
             "kind": {"type": "string", "description": "Kind of the object."},

@@ -8,8 +8,11 @@ allow is denied, with the field and the setting an administrator would change.
 
 Defaults (``AdminPolicy()``) deny the dangerous cases: ``hostPath`` volumes, the ``system-node-critical`` and
 ``system-cluster-critical`` priority classes, a toleration without a key (it tolerates every taint) and the
-keys of the node lifecycle and control-plane taints, privileged containers and added capabilities other than
-``IPC_LOCK`` and ``NET_BIND_SERVICE``; and they require that the requesting user may create pods in the
+keys of the node lifecycle and control-plane taints, privileged containers (and host-process or unmasked
+/proc containers), added capabilities other than ``IPC_LOCK`` and ``NET_BIND_SERVICE``, a ``capabilities.drop``
+without ``ALL``, seccomp and AppArmor ``Unconfined``, SELinux types outside the container types Pod Security
+``baseline`` allows (``spc_t`` runs unconfined) and sysctls outside Kubernetes' safe set, whatever the
+namespace's Pod Security labels say (verl jobs need none of them); and they require that the requesting user may create pods in the
 namespace (a SubjectAccessReview, done by the webhook), so a VerlJob never grants more than its author has.
 """
 
@@ -40,6 +43,24 @@ DEFAULT_VOLUME_TYPES = (
     "csi",
     "ephemeral",
     "nfs",
+)
+
+#: SELinux types Pod Security ``baseline`` allows (the container runtime's confined types).
+DEFAULT_SELINUX_TYPES = ("container_t", "container_init_t", "container_kvm_t", "container_engine_t")
+#: Kubernetes' safe sysctls (namespaced, isolated per pod; Pod Security ``baseline``'s list as of 1.32).
+SAFE_SYSCTLS = (
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+    "net.ipv4.tcp_rmem",
+    "net.ipv4.tcp_wmem",
 )
 
 
@@ -75,6 +96,24 @@ class AdminPolicy(BaseModel):
     allowed_capabilities: tuple[str, ...] = Field(
         default=("IPC_LOCK", "NET_BIND_SERVICE"),
         description="Linux capabilities spec.security.containerSecurityContext may add.",
+    )
+    allow_kept_capabilities: bool = Field(
+        default=False,
+        description="Allow a capabilities.drop without ALL (the container keeps the runtime's default set).",
+    )
+    allow_unconfined_seccomp: bool = Field(
+        default=False, description="Allow seccompProfile type Unconfined (pod or container)."
+    )
+    allow_unconfined_app_armor: bool = Field(
+        default=False, description="Allow appArmorProfile type Unconfined (pod or container)."
+    )
+    allowed_se_linux_types: tuple[str, ...] = Field(
+        default=DEFAULT_SELINUX_TYPES,
+        description='seLinuxOptions.type values allowed ("*": any, spc_t included).',
+    )
+    allowed_sysctls: tuple[str, ...] = Field(
+        default=SAFE_SYSCTLS,
+        description='podSecurityContext.sysctls names allowed (default: the safe set; "*": any).',
     )
     require_pod_create_permission: bool = Field(
         default=True,
@@ -148,20 +187,81 @@ def policy_problems(spec: VerlJobSpec, policy: AdminPolicy) -> list[str]:
         problem = _toleration_problem(tol, policy)
         if problem:
             out.append(f"spec.resources.tolerations[{i}]: {problem}")
+    out.extend(security_problems(spec, policy))
+    return out
+
+
+_CONTAINER = "spec.security.containerSecurityContext"
+_POD = "spec.security.podSecurityContext"
+
+
+def security_problems(spec: VerlJobSpec, policy: AdminPolicy) -> list[str]:
+    """Why the security contexts of ``spec`` break ``policy`` (the part of :func:`policy_problems` that does
+    not depend on the namespace's Pod Security labels)."""
+    out: list[str] = []
     container = spec.security.container_security_context
+    pod = spec.security.pod_security_context
     if not policy.allow_privileged:
-        for key in ("privileged", "allowPrivilegeEscalation"):
-            if container.get(key) is True:
-                out.append(
-                    f"spec.security.containerSecurityContext.{key}: true is not allowed (policy allowPrivileged)"
-                )
-    capabilities = container.get("capabilities")
-    added = capabilities.get("add") if isinstance(capabilities, Mapping) else None
-    for cap in added if isinstance(added, list) else []:
-        if str(cap) not in policy.allowed_capabilities:
+        for key, value in (
+            ("privileged", container.privileged),
+            ("allowPrivilegeEscalation", container.allow_privilege_escalation),
+        ):
+            if value is True:
+                out.append(f"{_CONTAINER}.{key}: true is not allowed (policy allowPrivileged)")
+        windows = container.to_wire().get("windowsOptions")
+        if isinstance(windows, Mapping) and windows.get("hostProcess") is True:
             out.append(
-                f"spec.security.containerSecurityContext.capabilities.add: {cap} is not allowed (policy "
-                f"allowedCapabilities: {', '.join(policy.allowed_capabilities) or 'none'})"
+                f"{_CONTAINER}.windowsOptions.hostProcess: true is not allowed (policy allowPrivileged)"
+            )
+        if container.proc_mount not in (None, "Default"):
+            out.append(
+                f"{_CONTAINER}.procMount: {container.proc_mount} is not allowed (policy allowPrivileged)"
+            )
+    capabilities = container.capabilities
+    for i, cap in enumerate(capabilities.add or [] if capabilities else []):
+        if cap not in policy.allowed_capabilities:
+            out.append(
+                f"{_CONTAINER}.capabilities.add[{i}]: {cap} is not allowed (policy allowedCapabilities: "
+                f"{', '.join(policy.allowed_capabilities) or 'none'})"
+            )
+    drop = capabilities.drop if capabilities else None
+    if drop is not None and "ALL" not in drop and not policy.allow_kept_capabilities:
+        out.append(
+            f"{_CONTAINER}.capabilities.drop: must include ALL (the default), or the container keeps the "
+            "runtime's default capabilities (policy allowKeptCapabilities); add the ones the job needs to "
+            "capabilities.add"
+        )
+    for where, context in ((_POD, pod), (_CONTAINER, container)):
+        for key, profile, allowed, switch in (
+            (
+                "seccompProfile",
+                context.seccomp_profile,
+                policy.allow_unconfined_seccomp,
+                "allowUnconfinedSeccomp",
+            ),
+            (
+                "appArmorProfile",
+                context.app_armor_profile,
+                policy.allow_unconfined_app_armor,
+                "allowUnconfinedAppArmor",
+            ),
+        ):
+            if profile is not None and profile.type == "Unconfined" and not allowed:
+                out.append(f"{where}.{key}.type: Unconfined is not allowed (policy {switch})")
+        selinux = context.se_linux_options.type if context.se_linux_options else None
+        if (
+            selinux
+            and selinux not in policy.allowed_se_linux_types
+            and "*" not in policy.allowed_se_linux_types
+        ):
+            out.append(
+                f"{where}.seLinuxOptions.type: {selinux} is not allowed (policy allowedSeLinuxTypes: "
+                f"{', '.join(policy.allowed_se_linux_types) or 'none'})"
+            )
+    for i, sysctl in enumerate(pod.sysctls or []):
+        if sysctl.name not in policy.allowed_sysctls and "*" not in policy.allowed_sysctls:
+            out.append(
+                f"{_POD}.sysctls[{i}].name: {sysctl.name} is not a safe sysctl (policy allowedSysctls)"
             )
     return out
 

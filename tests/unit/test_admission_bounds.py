@@ -177,6 +177,95 @@ def nested(depth: int) -> Any:
             "spec.model.shape.hiddenSize: hiddenSize 3 / attentionHeads 14 = 0",
             id="head-dim-zero",
         ),
+        # Quantities are parsed exactly and bounded (they used to overflow a float, or reach the pod as 10e399).
+        pytest.param(
+            spec(resources=resources(memoryPerNode="1e400")),
+            "spec.resources.memoryPerNode: 1e400 is too large",
+            id="memory-1e400",
+        ),
+        pytest.param(
+            spec(resources=resources(cpuPerNode="1e400")),
+            "spec.resources.cpuPerNode: 1e400 is too large",
+            id="cpu-1e400",
+        ),
+        pytest.param(
+            spec(resources=resources(shmSize="1e400")),
+            "spec.resources.shmSize: 1e400 is too large",
+            id="shm-1e400",
+        ),
+        pytest.param(
+            spec(resources=resources(memoryPerNode="99999999999999999999Ei")),
+            "spec.resources.memoryPerNode: 99999999999999999999Ei is more than 1Pi (bytes)",
+            id="memory-past-int64",
+        ),
+        pytest.param(
+            spec(resources=resources(cpuPerNode="100000")),
+            "spec.resources.cpuPerNode: 100000 is more than 65536 (CPU cores)",
+            id="cpu-past-the-bound",
+        ),
+        pytest.param(
+            spec(resources=resources(cpuPerNode="0")),
+            "spec.resources.cpuPerNode: 0 must be more than 0",
+            id="cpu-0",
+        ),
+        pytest.param(
+            spec(resources=resources(shmSize="1e1.5")),
+            "spec.resources.shmSize: '1e1.5' is not a Kubernetes quantity",
+            id="shm-fractional-exponent",
+        ),
+        # Pass-through fields in the project's words, with the user's path (not the client library's env.6).
+        pytest.param(
+            spec(env=[{"name": "A", "value": 5}]),
+            "spec.env[0].value: Input should be a valid string",
+            id="env-int",
+        ),
+        pytest.param(spec(env=[{"value": "x"}]), "spec.env[0].name: Field required", id="env-no-name"),
+        pytest.param(
+            spec(env=[{"name": "A", "valu": "x"}]),
+            "spec.env[0].valu: Extra inputs are not permitted",
+            id="env-typo",
+        ),
+        pytest.param(
+            spec(security={"containerSecurityContext": {"privileged": "true"}}),
+            "spec.security.containerSecurityContext.privileged: Input should be a valid boolean",
+            id="privileged-string",
+        ),
+        pytest.param(
+            spec(security={"containerSecurityContext": {"capabilities": {"add": "SYS_ADMIN"}}}),
+            "spec.security.containerSecurityContext.capabilities.add: Input should be a valid list",
+            id="capabilities-add-string",
+        ),
+        pytest.param(
+            spec(security={"podSecurityContext": {"runAsUser": "1000"}}),
+            "spec.security.podSecurityContext.runAsUser: Input should be a valid integer",
+            id="run-as-user-string",
+        ),
+        pytest.param(
+            spec(security={"podSecurityContext": {"seccompProfile": {"type": "unconfined"}}}),
+            "spec.security.podSecurityContext.seccompProfile.type: Input should be",
+            id="seccomp-type-misspelt",
+        ),
+        # Lists and strings bounded: 256 data paths of 3,500 characters (897 KB) used to be admitted.
+        pytest.param(
+            spec(
+                data={
+                    "trainBatchSize": 64,
+                    "trainFiles": [f"/data/{'x' * 3500}-{i}.parquet" for i in range(256)],
+                }
+            ),
+            "spec.data.trainFiles: List should have at most 128 items",
+            id="256-long-data-paths",
+        ),
+        pytest.param(
+            spec(data={"trainBatchSize": 64, "valFiles": ["/d/" + "x" * 1100]}),
+            "spec.data.valFiles[0]: String should have at most 1024 characters",
+            id="data-path-too-long",
+        ),
+        pytest.param(
+            spec(resources=resources(nodeSelector={"k" * 400: "v"})),
+            "String should have at most 317 characters",
+            id="node-selector-key-too-long",
+        ),
         # Deep nesting inside a pass-through object.
         pytest.param(
             spec(env=[{"name": "X", "value": "1", "extra": nested(5000)}]),
@@ -456,3 +545,46 @@ def test_every_pod_shaping_field_has_an_immutability_rule() -> None:
         "suspend",
         "backoffLimit",
     } <= MUTABLE_WHILE_RUNNING and "resources" in fields - MUTABLE_WHILE_RUNNING
+
+
+def _unbounded(node: dict[str, Any], where: str) -> list[str]:
+    """The lists without maxItems and strings without maxLength (nor an enum) in a CRD schema node."""
+    out: list[str] = []
+    kind = node.get("type")
+    if kind == "array":
+        out += [] if "maxItems" in node else [where]
+        out += _unbounded(node["items"], f"{where}[]")
+    elif kind == "string" and "maxLength" not in node and "enum" not in node:
+        out.append(where)
+    for key, child in (node.get("properties") or {}).items():
+        out += _unbounded(child, f"{where}.{key}")
+    if isinstance(node.get("additionalProperties"), dict):
+        out += _unbounded(node["additionalProperties"], f"{where}[*]")
+    return out
+
+
+def test_every_list_and_string_of_the_spec_is_bounded() -> None:
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert _unbounded(schema, "spec") == []
+
+
+def _largest(node: dict[str, Any]) -> int:
+    """The most characters the typed strings under ``node`` can hold (free-form objects count nothing)."""
+    kind = node.get("type")
+    if kind == "array":
+        return int(node["maxItems"]) * _largest(node["items"])
+    if kind == "string":
+        return int(node.get("maxLength", max((len(str(e)) for e in node.get("enum", [""])), default=0)))
+    total = sum(_largest(child) for child in (node.get("properties") or {}).values())
+    if isinstance(node.get("additionalProperties"), dict):
+        total += int(node.get("maxProperties", 0)) * (
+            limits.MAX_LABEL_KEY + _largest(node["additionalProperties"])
+        )
+    return total
+
+
+def test_the_bounded_strings_of_a_spec_fit_far_below_etcds_limit() -> None:
+    """etcd refuses a request past 1.5 MiB: every typed string at its bound stays under 1.25 MiB, which leaves
+    room for the free-form objects and the status."""
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert _largest(schema) < 1.25 * 2**20

@@ -68,9 +68,98 @@ PVC = {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}
             AdminPolicy(),
             [
                 "spec.security.containerSecurityContext.privileged: true is not allowed",
-                "capabilities.add: SYS_ADMIN is not allowed",
+                "capabilities.add[0]: SYS_ADMIN is not allowed",
             ],
             id="privileged-sys-admin",
+        ),
+        # Security settings denied whatever the namespace's Pod Security labels (verl needs none of them).
+        pytest.param(
+            spec(security={"containerSecurityContext": {"capabilities": {"drop": []}}}),
+            AdminPolicy(),
+            ["containerSecurityContext.capabilities.drop: must include ALL"],
+            id="drop-nothing",
+        ),
+        pytest.param(
+            spec(security={"podSecurityContext": {"seccompProfile": {"type": "Unconfined"}}}),
+            AdminPolicy(),
+            ["spec.security.podSecurityContext.seccompProfile.type: Unconfined is not allowed"],
+            id="pod-seccomp-unconfined",
+        ),
+        pytest.param(
+            spec(security={"containerSecurityContext": {"seccompProfile": {"type": "Unconfined"}}}),
+            AdminPolicy(),
+            ["spec.security.containerSecurityContext.seccompProfile.type: Unconfined is not allowed"],
+            id="container-seccomp-unconfined",
+        ),
+        pytest.param(
+            spec(security={"podSecurityContext": {"appArmorProfile": {"type": "Unconfined"}}}),
+            AdminPolicy(),
+            [
+                "podSecurityContext.appArmorProfile.type: Unconfined is not allowed (policy allowUnconfinedAppArmor)"
+            ],
+            id="apparmor-unconfined",
+        ),
+        pytest.param(
+            spec(security={"containerSecurityContext": {"seLinuxOptions": {"type": "spc_t"}}}),
+            AdminPolicy(),
+            [
+                "containerSecurityContext.seLinuxOptions.type: spc_t is not allowed (policy allowedSeLinuxTypes"
+            ],
+            id="selinux-spc-t",
+        ),
+        pytest.param(
+            spec(security={"podSecurityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "65536"}]}}),
+            AdminPolicy(),
+            ["spec.security.podSecurityContext.sysctls[0].name: kernel.msgmax is not a safe sysctl"],
+            id="unsafe-sysctl",
+        ),
+        pytest.param(
+            spec(security={"containerSecurityContext": {"procMount": "Unmasked"}}),
+            AdminPolicy(),
+            ["containerSecurityContext.procMount: Unmasked is not allowed"],
+            id="unmasked-proc",
+        ),
+        pytest.param(
+            spec(
+                security={
+                    "podSecurityContext": {
+                        "seccompProfile": {"type": "Localhost", "localhostProfile": "verl.json"},
+                        "sysctls": [{"name": "net.ipv4.ip_local_port_range", "value": "1024 65000"}],
+                        "seLinuxOptions": {"type": "container_t", "level": "s0:c1,c2"},
+                    },
+                    "containerSecurityContext": {
+                        "capabilities": {"add": ["IPC_LOCK"], "drop": ["ALL"]},
+                        "appArmorProfile": {"type": "RuntimeDefault"},
+                    },
+                }
+            ),
+            AdminPolicy(),
+            [],
+            id="confined-settings-allowed",
+        ),
+        pytest.param(
+            spec(
+                security={
+                    "podSecurityContext": {
+                        "seccompProfile": {"type": "Unconfined"},
+                        "sysctls": [{"name": "kernel.msgmax", "value": "65536"}],
+                    },
+                    "containerSecurityContext": {
+                        "capabilities": {"drop": []},
+                        "appArmorProfile": {"type": "Unconfined"},
+                        "seLinuxOptions": {"type": "spc_t"},
+                    },
+                }
+            ),
+            AdminPolicy(
+                allow_kept_capabilities=True,
+                allow_unconfined_seccomp=True,
+                allow_unconfined_app_armor=True,
+                allowed_se_linux_types=("spc_t",),
+                allowed_sysctls=("*",),
+            ),
+            [],
+            id="each-switch-allows-its-case",
         ),
         # What stays allowed by default.
         pytest.param(

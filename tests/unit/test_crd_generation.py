@@ -73,8 +73,19 @@ def test_every_model_field_is_in_the_schema() -> None:
 
 def test_passthrough_kubernetes_objects_keep_unknown_fields() -> None:
     spec = root_schema()["properties"]["spec"]["properties"]
-    for name in ("env", "volumes", "volumeMounts"):
+    for name in ("volumes", "volumeMounts"):
         assert spec[name]["items"]["x-kubernetes-preserve-unknown-fields"] is True
+    # EnvVar is typed whole (name, value, valueFrom); its valueFrom source is kept as written.
+    env = spec["env"]["items"]
+    assert "x-kubernetes-preserve-unknown-fields" not in env and env["required"] == ["name"]
+    assert env["properties"]["valueFrom"]["x-kubernetes-preserve-unknown-fields"] is True
+    # The security contexts: typed where users err (booleans, capabilities), other fields kept.
+    security = spec["security"]["properties"]
+    container = security["containerSecurityContext"]
+    assert container["x-kubernetes-preserve-unknown-fields"] is True
+    assert container["properties"]["privileged"]["type"] == "boolean"
+    assert container["properties"]["capabilities"]["properties"]["add"]["type"] == "array"
+    assert security["podSecurityContext"]["properties"]["sysctls"]["maxItems"] == 64
     assert (
         spec["resources"]["properties"]["tolerations"]["items"]["x-kubernetes-preserve-unknown-fields"]
         is True

@@ -13,6 +13,7 @@ import pytest
 
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.manifests import LaunchPlan, build_children
+from verl_operator.manifests.children import deep_merge
 
 JOB = {"metadata": {"name": "demo", "namespace": "team-a", "uid": "1111-2222"}}
 PLAN = LaunchPlan(
@@ -102,10 +103,31 @@ def test_a_named_service_account_is_used_and_not_created() -> None:
             {"seccompProfile": {"type": "RuntimeDefault"}},
             {
                 "allowPrivilegeEscalation": False,
-                "capabilities": {"add": ["IPC_LOCK"]},
+                "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
                 "readOnlyRootFilesystem": True,
             },
-            id="user-keys-replace-defaults",
+            id="added-capability-keeps-drop-all",
+        ),
+        pytest.param(
+            {"containerSecurityContext": {"capabilities": {"drop": ["ALL", "NET_RAW"]}}},
+            {"seccompProfile": {"type": "RuntimeDefault"}},
+            {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL", "NET_RAW"]}},
+            id="a-list-replaces-the-default-list",
+        ),
+        pytest.param(
+            {
+                "podSecurityContext": {
+                    "seccompProfile": {"type": "Localhost", "localhostProfile": "verl.json"}
+                },
+                "containerSecurityContext": {"windowsOptions": {"runAsUserName": "x"}},
+            },
+            {"seccompProfile": {"type": "Localhost", "localhostProfile": "verl.json"}},
+            {
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+                "windowsOptions": {"runAsUserName": "x"},
+            },
+            id="nested-and-unknown-keys-merged",
         ),
     ],
 )
@@ -124,3 +146,18 @@ def test_the_launcher_init_container_has_the_same_context() -> None:
     init, main = head["spec"]["initContainers"][0], head["spec"]["containers"][0]
     assert init["securityContext"] == main["securityContext"]
     assert init["securityContext"] is not main["securityContext"]  # no YAML anchors, no shared mutation
+
+
+@pytest.mark.parametrize(
+    ("defaults", "user", "merged"),
+    [
+        pytest.param({"a": {"b": [1]}}, {"a": {"c": 2}}, {"a": {"b": [1], "c": 2}}, id="mappings-merge"),
+        pytest.param({"a": {"b": [1]}}, {"a": {"b": []}}, {"a": {"b": []}}, id="lists-replace"),
+        pytest.param({"a": {"b": 1}}, {"a": 5}, {"a": 5}, id="scalar-over-mapping"),
+        pytest.param({"a": 1}, {}, {"a": 1}, id="nothing-given"),
+    ],
+)
+def test_deep_merge(defaults: dict[str, Any], user: dict[str, Any], merged: dict[str, Any]) -> None:
+    before = repr(defaults)
+    assert deep_merge(defaults, user) == merged
+    assert repr(defaults) == before  # the defaults are never changed

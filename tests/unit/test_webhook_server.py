@@ -201,3 +201,97 @@ def test_hostile_requests(tmp_path: Path, payload: bytes, status: int, allowed: 
     assert code == status
     if allowed is not None:
         assert answer["response"]["allowed"] is allowed
+
+
+def _raw(request: Any) -> bytes:
+    return json.dumps(
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    ).encode()
+
+
+def _job(spec: Any = None, **meta: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "j", "namespace": "team", **meta}, "spec": {} if spec is None else spec}
+
+
+def _req(operation: str = "CREATE", **fields: Any) -> dict[str, Any]:
+    return {"uid": "m-1", "operation": operation, "userInfo": USER, "object": _job(), **fields}
+
+
+#: Bodies that are not AdmissionReviews a VerlJob check can read: each is an HTTP 400 or a denial naming the
+#: part (``status`` of the HTTP answer, then the denial's code and a fragment of its message), never a 500.
+MALFORMED = [
+    pytest.param(b"\xff\xfe{}", 400, None, None, id="not-utf-8"),
+    pytest.param(b'{"request": "\xc3\x28"}', 400, None, None, id="invalid-utf-8-in-a-string"),
+    pytest.param(b"[1, 2]", 400, None, None, id="a-list"),
+    pytest.param(b'"review"', 400, None, None, id="a-string"),
+    pytest.param(b"null", 400, None, None, id="null"),
+    pytest.param(b'{"request": {"uid": ' + b"9" * 5000 + b"}}", 400, None, None, id="5000-digit-integer"),
+    pytest.param(_raw([1, 2]), 400, None, None, id="request-a-list"),
+    pytest.param(_raw(_req(userInfo="alice")), 400, None, None, id="userinfo-a-string"),
+    pytest.param(_raw(_req(object=[1, 2])), 400, None, None, id="object-a-list"),
+    pytest.param(
+        _raw(_req(object=_job([1, 2]))), 200, 400, "- spec: must be an object, not list", id="spec-list"
+    ),
+    pytest.param(
+        _raw(_req(object=_job("x"))), 200, 400, "- spec: must be an object, not str", id="spec-string"
+    ),
+    pytest.param(
+        _raw(_req(object={"metadata": [1], "spec": {}})),
+        200,
+        400,
+        "- metadata: must be an object",
+        id="meta-list",
+    ),
+    pytest.param(
+        _raw(_req(object=_job(name=["j"]))), 200, 400, "- metadata.name: must be a string", id="name-a-list"
+    ),
+    pytest.param(
+        _raw(_req("UPDATE", oldObject=_job("abc"))),
+        200,
+        400,
+        "- oldObject.spec: must be an object, not str",
+        id="update-old-spec-string",
+    ),
+    pytest.param(
+        _raw(_req("UPDATE", oldObject="abc")),
+        200,
+        400,
+        "- oldObject: must be an object",
+        id="update-old-string",
+    ),
+    pytest.param(
+        _raw(_req(object=_job({"verl": {"image": 5}}))),
+        200,
+        422,
+        "spec.verl.image: Input should be",
+        id="schema",
+    ),
+    pytest.param(_raw(_req(uid=[1], object=_job([]))), 200, 400, "spec: must be an object", id="uid-a-list"),
+]
+
+
+@pytest.mark.parametrize(("payload", "status", "code", "fragment"), MALFORMED)
+def test_malformed_bodies_are_a_400_or_a_denial_never_a_500(
+    tmp_path: Path, payload: bytes, status: int, code: int | None, fragment: str | None
+) -> None:
+    """The real review function of the operator (handlers.review_job: the API models, the policy and the
+    planner, without a cluster) behind the real server."""
+    from verl_operator.controller import handlers
+
+    served = Served(tmp_path, {"verljob": handlers.review_job})
+    results: list[tuple[int, Any]] = []
+
+    async def body() -> None:
+        gen = served.server(None)
+        config = await gen.__anext__()
+        results.append(await asyncio.to_thread(served.post, config["url"] + "/verljob", payload))
+        await gen.aclose()
+
+    run_loop(body)
+    answer_status, answer = results[0]
+    assert answer_status == status, answer
+    if code is not None:
+        response = answer["response"]
+        assert response["allowed"] is False and response["status"]["code"] == code, response
+        assert fragment is not None and fragment in response["status"]["message"], response
+        assert isinstance(response["uid"], str)

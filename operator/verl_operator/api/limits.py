@@ -43,10 +43,14 @@ MAX_EXPERTS = 65_536
 MAX_OVERRIDES = 256
 #: One override ``key=value`` (a list of a few dozen file paths fits).
 MAX_OVERRIDE_LENGTH = 2_048
-#: Data files in trainFiles / valFiles.
-MAX_FILES = 256
-#: A path (model path, data file, checkpoint directory); Linux PATH_MAX is 4096.
+#: Data files in trainFiles / valFiles: a sharded dataset listed shard by shard (verl's examples list 1 to 4;
+#: more shards are usually one directory or glob).
+MAX_FILES = 128
+#: A path (model path, checkpoint directory); Linux PATH_MAX is 4096.
 MAX_PATH = 4_096
+#: One data file path or URL (object-store and HDFS URLs run to a few hundred characters); with ``MAX_FILES``
+#: the two lists hold at most 256 KiB, so the bounded strings of a spec stay far below etcd's 1.5 MiB.
+MAX_DATA_PATH = 1_024
 #: A container image reference (registries limit the repository name to 255; a digest adds 72).
 MAX_IMAGE = 1_024
 #: A Kubernetes name (DNS subdomain) or label key with prefix.
@@ -57,8 +61,25 @@ MAX_LABEL_VALUE = 63
 MAX_QUANTITY = 64
 #: Tolerations, volumes, mounts, node selector entries.
 MAX_OBJECTS = 64
-#: Environment variables.
-MAX_ENV = 256
+#: Environment variables (a verl job sets a handful: NCCL_*, VLLM_*, HF_* and a token from a Secret).
+MAX_ENV = 128
+#: The value of one environment variable (a JSON setting or a list of hosts fits; secrets come by valueFrom).
+MAX_ENV_VALUE = 2_048
+#: A label key with its DNS-subdomain prefix: ``<253>/<63>``.
+MAX_LABEL_KEY = 317
+#: Items of the small lists inside a security context (capabilities, sysctls, supplementalGroups).
+MAX_SECURITY_ITEMS = 64
+#: A Linux capability, sysctl name or SELinux field (the longest capability name has 18 characters, a
+#: sysctl name a few dozen).
+MAX_SECURITY_STRING = 256
+#: A numeric user or group id (Kubernetes: 0 to 2**31-1).
+MAX_ID = 2**31 - 1
+
+# Resource quantities (parsed and bounded by ``api.quantity``; the schema checks the grammar only).
+#: CPU cores of one Ray pod: the largest single nodes have a few thousand logical CPUs.
+MAX_CPU_CORES = 65_536
+#: Bytes of memory (and /dev/shm) of one Ray pod: 1 PiB, where the largest single nodes have tens of TiB.
+MAX_MEMORY_BYTES = 2**50
 
 #: A Kubernetes resource quantity without a sign (``16``, ``500m``, ``512Gi``, ``1e3``): the API server's own
 #: grammar minus the leading sign, so a negative request is rejected at admission.

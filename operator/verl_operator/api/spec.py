@@ -15,13 +15,16 @@ in the order the generated CRD lists them; a section that grows logic of its own
 
 from __future__ import annotations
 
+from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from verl_operator.api import limits as L
+from verl_operator.api.quantity import Bounds, QuantityError, bounded_quantity
 
 GROUP = "verl-operator.io"
 VERSION = "v1alpha1"
@@ -43,8 +46,38 @@ PathStr = Annotated[str, Field(max_length=L.MAX_PATH)]
 LabelValue = Annotated[str, Field(max_length=L.MAX_LABEL_VALUE)]
 #: A raw verl override.
 OverrideStr = Annotated[str, Field(max_length=L.MAX_OVERRIDE_LENGTH)]
-#: A Kubernetes resource quantity without a sign.
-Quantity = Annotated[str, Field(max_length=L.MAX_QUANTITY, pattern=L.QUANTITY_PATTERN)]
+#: A data file path or URL.
+DataPath = Annotated[str, Field(max_length=L.MAX_DATA_PATH)]
+#: A label key (``prefix/name``); a bound the webhook checks (a CRD schema cannot bound map keys).
+LabelKey = Annotated[str, Field(min_length=1, max_length=L.MAX_LABEL_KEY)]
+#: A short string inside a security context.
+SecurityStr = Annotated[StrictStr, Field(min_length=1, max_length=L.MAX_SECURITY_STRING)]
+#: A numeric user or group id.
+Id = Annotated[StrictInt, Field(ge=0, le=L.MAX_ID)]
+
+
+def _quantity(bounds: Bounds) -> AfterValidator:
+    """Parse a quantity exactly (:mod:`verl_operator.api.quantity`) and keep it within ``bounds``."""
+
+    def check(text: str) -> str:
+        try:
+            bounded_quantity(text, bounds)
+        except QuantityError as exc:
+            raise PydanticCustomError("quantity", str(exc)) from exc
+        return text
+
+    return AfterValidator(check)
+
+
+_QUANTITY_TEXT = Field(max_length=L.MAX_QUANTITY, pattern=L.QUANTITY_PATTERN)
+#: A Kubernetes resource quantity without a sign: the schema checks the grammar, the models the value.
+Quantity = Annotated[str, _QUANTITY_TEXT]
+CpuQuantity = Annotated[
+    str, _QUANTITY_TEXT, _quantity(Bounds(Decimal(L.MAX_CPU_CORES), "CPU cores", shown=str(L.MAX_CPU_CORES)))
+]
+MemoryQuantity = Annotated[
+    str, _QUANTITY_TEXT, _quantity(Bounds(Decimal(L.MAX_MEMORY_BYTES), "bytes", shown="1Pi"))
+]
 
 
 class _Model(BaseModel):
@@ -191,10 +224,10 @@ class CriticSpec(_Model):
 
 
 class DataSpec(_Model):
-    train_files: list[PathStr] = Field(
+    train_files: list[DataPath] = Field(
         default_factory=list, max_length=L.MAX_FILES, description="Training parquet files (data.train_files)."
     )
-    val_files: list[PathStr] = Field(
+    val_files: list[DataPath] = Field(
         default_factory=list, max_length=L.MAX_FILES, description="Validation parquet files (data.val_files)."
     )
     train_batch_size: int | None = Field(
@@ -244,7 +277,7 @@ class ResourcesSpec(_Model):
         max_length=L.MAX_LABEL_VALUE,
         description="Required GPU product, as in the nvidia.com/gpu.product label (e.g. NVIDIA-H100-80GB-HBM3).",
     )
-    node_selector: dict[str, LabelValue] = Field(
+    node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict,
         max_length=L.MAX_OBJECTS,
         description="Extra node labels every chosen node must carry.",
@@ -254,15 +287,15 @@ class ResourcesSpec(_Model):
         max_length=L.MAX_OBJECTS,
         description="Tolerations added to every pod (core/v1 Toleration).",
     )
-    cpu_per_node: Quantity | None = Field(
+    cpu_per_node: CpuQuantity | None = Field(
         default=None,
         description="CPU request of each Ray pod (default: enough for verl's placement group, 3 per GPU + 2).",
     )
-    memory_per_node: Quantity | None = Field(
+    memory_per_node: MemoryQuantity | None = Field(
         default=None,
         description="Memory request of each Ray pod (e.g. 512Gi; default 16Gi per GPU); candidate nodes must offer it.",
     )
-    shm_size: Quantity | None = Field(
+    shm_size: MemoryQuantity | None = Field(
         default=None, description="Size of the /dev/shm memory volume (default 64Gi)."
     )
     gpu_memory_mib: int | None = Field(
@@ -415,6 +448,107 @@ class CheckpointSpec(_Model):
     )
 
 
+class _PassThrough(BaseModel):
+    """A core/v1 object passed to the pods: the fields the operator reads or that users get wrong are typed
+    (strict: ``"true"`` is not a boolean, as for the API server), any other field is kept as written
+    (``x-kubernetes-preserve-unknown-fields``) for the API server to judge in the dry run."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="allow",
+        alias_generator=to_camel,
+        populate_by_name=False,
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase dict as written (unset fields left out, unknown fields kept)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+#: The profile types of seccomp and AppArmor.
+ProfileType = Literal["RuntimeDefault", "Localhost", "Unconfined"]
+
+
+class Capabilities(_PassThrough):
+    add: list[SecurityStr] | None = Field(
+        default=None, max_length=L.MAX_SECURITY_ITEMS, description="Capabilities to add (admin policy)."
+    )
+    drop: list[SecurityStr] | None = Field(
+        default=None,
+        max_length=L.MAX_SECURITY_ITEMS,
+        description="Capabilities to drop, besides the default ALL (which stays unless the policy allows less).",
+    )
+
+
+class Profile(_PassThrough):
+    """A seccomp or AppArmor profile."""
+
+    type: ProfileType = Field(description="RuntimeDefault, Localhost or Unconfined (admin policy).")
+    localhost_profile: SecurityStr | None = Field(default=None, description="The profile's file (Localhost).")
+
+
+class SELinuxOptions(_PassThrough):
+    user: SecurityStr | None = Field(default=None, description="SELinux user.")
+    role: SecurityStr | None = Field(default=None, description="SELinux role.")
+    type: SecurityStr | None = Field(
+        default=None, description="SELinux type (spc_t is denied by the policy)."
+    )
+    level: SecurityStr | None = Field(default=None, description="SELinux level.")
+
+
+class Sysctl(_PassThrough):
+    name: SecurityStr = Field(description="The sysctl (the safe set unless the policy allows more).")
+    value: Annotated[StrictStr, Field(max_length=L.MAX_SECURITY_STRING)] = Field(description="Its value.")
+
+
+class _CommonSecurityContext(_PassThrough):
+    run_as_user: Id | None = Field(default=None, description="UID the processes run as.")
+    run_as_group: Id | None = Field(default=None, description="GID the processes run as.")
+    run_as_non_root: StrictBool | None = Field(default=None, description="Refuse to start as root.")
+    seccomp_profile: Profile | None = Field(default=None, description="The seccomp profile.")
+    app_armor_profile: Profile | None = Field(default=None, description="The AppArmor profile.")
+    se_linux_options: SELinuxOptions | None = Field(default=None, description="SELinux labels.")
+
+
+class PodSecurityContext(_CommonSecurityContext):
+    """core/v1 PodSecurityContext (typed fields; others kept for the API server)."""
+
+    fs_group: Id | None = Field(default=None, description="Group that owns the pod's volumes.")
+    supplemental_groups: list[Id] | None = Field(
+        default=None, max_length=L.MAX_SECURITY_ITEMS, description="Extra groups of the processes."
+    )
+    sysctls: list[Sysctl] | None = Field(
+        default=None, max_length=L.MAX_SECURITY_ITEMS, description="Namespaced sysctls (admin policy)."
+    )
+
+
+class ContainerSecurityContext(_CommonSecurityContext):
+    """core/v1 SecurityContext (typed fields; others kept for the API server)."""
+
+    privileged: StrictBool | None = Field(default=None, description="Privileged container (admin policy).")
+    allow_privilege_escalation: StrictBool | None = Field(
+        default=None, description="no_new_privs off (admin policy)."
+    )
+    read_only_root_filesystem: StrictBool | None = Field(
+        default=None, description="Read-only root file system."
+    )
+    capabilities: Capabilities | None = Field(default=None, description="Capabilities to add and drop.")
+    proc_mount: SecurityStr | None = Field(default=None, description="Default or Unmasked.")
+
+
+class EnvVar(_Model):
+    """core/v1 EnvVar: a name and either a value or a valueFrom source."""
+
+    name: StrictStr = Field(min_length=1, max_length=L.MAX_NAME, description="The variable's name.")
+    value: Annotated[StrictStr, Field(max_length=L.MAX_ENV_VALUE)] | None = Field(
+        default=None, description="Its value (a string: quote numbers and booleans)."
+    )
+    value_from: dict[str, Any] | None = Field(
+        default=None, description="core/v1 EnvVarSource: a Secret, ConfigMap, field or resource reference."
+    )
+
+
 class SecuritySpec(_Model):
     """How the Ray pods run. The defaults pass Pod Security ``restricted`` except ``runAsNonRoot``, which
     depends on the image's user: set ``podSecurityContext.runAsNonRoot: true`` (and ``runAsUser``) for an
@@ -432,18 +566,19 @@ class SecuritySpec(_Model):
         default=False,
         description="Mount the ServiceAccount's API token in the Ray pods (verl and Ray need none).",
     )
-    pod_security_context: dict[str, Any] = Field(
-        default_factory=dict,
+    pod_security_context: PodSecurityContext = Field(
+        default_factory=PodSecurityContext,
         description=(
-            "core/v1 PodSecurityContext of the Ray pods, merged over the default "
+            "core/v1 PodSecurityContext of the Ray pods, merged deeply over the default "
             "{seccompProfile: {type: RuntimeDefault}} (e.g. runAsNonRoot, runAsUser, runAsGroup, fsGroup)."
         ),
     )
-    container_security_context: dict[str, Any] = Field(
-        default_factory=dict,
+    container_security_context: ContainerSecurityContext = Field(
+        default_factory=ContainerSecurityContext,
         description=(
-            "core/v1 SecurityContext of the Ray container, merged over the default {allowPrivilegeEscalation: "
-            "false, capabilities: {drop: [ALL]}}."
+            "core/v1 SecurityContext of the Ray container, merged deeply over the default "
+            "{allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}: capabilities.add adds to it, and "
+            "drop: [ALL] stays unless the admin policy allows keeping capabilities."
         ),
     )
 
@@ -479,7 +614,7 @@ class VerlJobSpec(_Model):
     security: SecuritySpec = Field(
         default_factory=SecuritySpec, description="ServiceAccount and security contexts of the Ray pods."
     )
-    env: list[dict[str, Any]] = Field(
+    env: list[EnvVar] = Field(
         default_factory=list,
         max_length=L.MAX_ENV,
         description="Extra environment variables for the Ray pods (core/v1 EnvVar).",

@@ -1,15 +1,18 @@
-"""Admission's server-side dry run: the Ray pods the job would get, checked by the API server itself.
+"""Admission's server-side dry run: the children the job would get, checked by the API server itself.
 
-The webhook builds the job's head pod from the plan (the worker pods differ only in their role, name and
-ports) and creates it with ``dryRun=All`` in the job's namespace: the API server's schema validation, Pod
-Security admission, quotas and admission plugins judge the pass-through fields (``cpuPerNode``, volumes,
-mounts, security contexts) at ``kubectl apply``, with their own message, instead of at pod creation.
+The webhook builds every child the operator will create from the plan (the ServiceAccount when the operator
+creates it, the launch ConfigMap, the headless Service, the head pod and one worker pod: the other workers
+differ from it only in their index) and creates each with ``dryRun=All`` in the job's namespace: the API
+server's schema validation (names included), Pod Security admission, quotas and admission plugins judge the
+pass-through fields (``cpuPerNode``, volumes, mounts, security contexts) at ``kubectl apply``, with their own
+message, instead of at creation. A Volcano PodGroup is not dry-run (its CRD may be absent where the job is
+checked; it carries no user input).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verl_operator.api.spec import VerlJobSpec
@@ -20,40 +23,76 @@ from verl_operator.manifests import LaunchPlan, build_children
 LOG = logging.getLogger(__name__)
 #: The uid of the job in the dry-run manifests (a job being created has none yet).
 DRY_RUN_UID = "00000000-0000-0000-0000-000000000000"
+#: The kinds dry-run, with the CoreV1Api method that creates each.
+CREATE = {
+    "ServiceAccount": "create_namespaced_service_account",
+    "ConfigMap": "create_namespaced_config_map",
+    "Service": "create_namespaced_service",
+    "Pod": "create_namespaced_pod",
+}
+
+
+def dry_run_children(
+    name: str, namespace: str, spec: VerlJobSpec, plan: Mapping[str, Any], launcher_image: str | None
+) -> list[dict[str, Any]]:
+    """The children of the job for a dry run, in creation order: without owner references (the job may not
+    exist yet), the pods but the head and the first worker left out and, when the operator would create the
+    job's ServiceAccount, the pods with the namespace's default one (a dry run creates nothing the pods could
+    refer to; Pod Security does not look at the ServiceAccount)."""
+    job = {"metadata": {"name": name, "namespace": namespace, "uid": DRY_RUN_UID}}
+    launch = LaunchPlan.from_plan_json(plan, spec, launcher_image=launcher_image)
+    out: list[dict[str, Any]] = []
+    pods = 0
+    for child in build_children(job, spec, launch, 0):
+        if child["kind"] not in CREATE or (child["kind"] == "Pod" and pods == 2):
+            continue
+        child["metadata"].pop("ownerReferences", None)
+        if child["kind"] == "Pod":
+            pods += 1
+            if spec.security.service_account_name is None:
+                child["spec"].pop("serviceAccountName", None)
+        out.append(child)
+    return out
 
 
 def dry_run_pod(
     name: str, namespace: str, spec: VerlJobSpec, plan: Mapping[str, Any], launcher_image: str | None
 ) -> dict[str, Any]:
-    """The head pod of the job for a dry run: without owner references (the job may not exist yet) and, when
-    the operator would create the job's ServiceAccount, with the namespace's default one (a dry run creates
-    nothing the pod could refer to; Pod Security does not look at the ServiceAccount)."""
-    job = {"metadata": {"name": name, "namespace": namespace, "uid": DRY_RUN_UID}}
-    launch = LaunchPlan.from_plan_json(plan, spec, launcher_image=launcher_image)
-    pod = next(c for c in build_children(job, spec, launch, 0) if c["kind"] == "Pod")
-    pod["metadata"].pop("ownerReferences", None)
-    if spec.security.service_account_name is None:
-        pod["spec"].pop("serviceAccountName", None)
-    return pod
+    """The head pod of :func:`dry_run_children`."""
+    return next(
+        c for c in dry_run_children(name, namespace, spec, plan, launcher_image) if c["kind"] == "Pod"
+    )
 
 
-def dry_run_problems(api: Any, pod: Mapping[str, Any]) -> list[str]:
-    """Empty when the API server would create ``pod``; else its refusal as a problem line. An API error
-    that is not a refusal (the API server busy) does not deny the job: pod creation will report it."""
+def dry_run_problems(api: Any, children: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list[str]:
+    """Empty when the API server would create every child; else one problem line per refused child. An API
+    error that is not a refusal (the API server busy, a name already taken) does not deny the job: creation
+    will report it."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    body: Any = dict(pod)
-    try:
-        drained(
-            client.CoreV1Api(api).create_namespaced_pod(
-                pod["metadata"]["namespace"], body, dry_run="All", _preload_content=False
+    core = client.CoreV1Api(api)
+    out: list[str] = []
+    for child in [children] if isinstance(children, Mapping) else children:
+        body: Any = dict(child)
+        meta = child["metadata"]
+        try:
+            drained(
+                getattr(core, CREATE[str(child["kind"])])(
+                    meta["namespace"], body, dry_run="All", _preload_content=False
+                )
             )
-        )
-    except ApiException as exc:
-        refused = refusal(exc, pod)
-        if refused is None:
-            LOG.warning("dry run of %s failed: %s", pod["metadata"]["name"], exc)
-            return []
-        return [f"spec: the API server refuses the job's Ray pods: {refused.api_message}"]
-    return []
+        except ApiException as exc:
+            refused = refusal(exc, child)
+            if refused is None or not refused.denies_admission:  # busy, or a quota others use now
+                LOG.warning("dry run of %s %s failed: %s", child["kind"], meta["name"], exc)
+                continue
+            what = (
+                "the job's Ray pods"
+                if child["kind"] == "Pod"
+                else f"the job's {child['kind']} {meta['name']}"
+            )
+            out.append(f"spec: the API server refuses {what}: {refused.api_message}")
+            if child["kind"] == "Pod":
+                break  # the worker pod would repeat the head pod's refusal
+    return out

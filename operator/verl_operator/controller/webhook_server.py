@@ -13,6 +13,9 @@ admission requests:
   and a review carries the object twice on UPDATE, so the limit here is 8 MiB.
 - JSON nested deeper than Python's recursion limit (the API server accepts up to 10000 levels) makes
   ``json.loads`` raise ``RecursionError``: here it is a denial, not an HTTP 500.
+- Any other body that is not an AdmissionReview (not UTF-8, not JSON, an integer of more digits than Python
+  converts, not an object, a request whose object, old object, metadata or spec is not an object) is an
+  HTTP 400 or a denial naming the part: never an HTTP 500.
 """
 
 from __future__ import annotations
@@ -162,13 +165,18 @@ class WebhookServer(kopf.WebhookServer):
         reviews = self.reviews
 
         async def serve(request: aiohttp.web.Request) -> aiohttp.web.Response:
-            text = await request.text()
+            try:
+                text = (await request.read()).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise aiohttp.web.HTTPBadRequest(reason="the AdmissionReview is not UTF-8") from exc
             try:
                 data = json.loads(text)
             except RecursionError:
                 return aiohttp.web.json_response(too_deep_review(text), dumps=json.dumps)
-            except json.JSONDecodeError as exc:
-                raise aiohttp.web.HTTPBadRequest(reason=str(exc) or None) from exc
+            except ValueError as exc:  # JSONDecodeError, or an integer past Python's digit limit
+                raise aiohttp.web.HTTPBadRequest(reason=_reason(exc)) from exc
+            if not isinstance(data, dict):
+                raise aiohttp.web.HTTPBadRequest(reason="the AdmissionReview is not a JSON object")
             webhook = request.match_info.get("id")
             review = reviews.get(str(webhook))
             if review is None:  # not ours: kopf's own admission machinery, in kopf's loop
@@ -176,7 +184,10 @@ class WebhookServer(kopf.WebhookServer):
             try:
                 response = await asyncio.get_running_loop().run_in_executor(pool, review, data)
             except BadReview as exc:
-                raise aiohttp.web.HTTPBadRequest(reason=str(exc) or None) from exc
+                raise aiohttp.web.HTTPBadRequest(reason=_reason(exc)) from exc
+            except Exception as exc:  # never an HTTP 500: the review could not be read
+                log.exception("the AdmissionReview could not be answered")
+                raise aiohttp.web.HTTPBadRequest(reason=_reason(exc)) from exc
             return aiohttp.web.json_response(response, dumps=json.dumps)
 
         return serve
@@ -199,6 +210,25 @@ class WebhookServer(kopf.WebhookServer):
             await asyncio.sleep(self.file_check_interval)
             if files and stamps() != first:
                 return
+
+
+def _reason(exc: BaseException) -> str:
+    """An HTTP reason phrase for ``exc``: one line, ASCII, short (aiohttp refuses a reason with a newline)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text.encode("ascii", "replace").decode()[:200]
+
+
+def _shape_problem(body: Mapping[str, Any], where: str) -> str | None:
+    """Why the object ``body`` of a review is not one a VerlJob check can read (None: readable)."""
+    for key in ("metadata", "spec"):
+        value = body.get(key)
+        if value is not None and not isinstance(value, Mapping):
+            return f"{where}{key}: must be an object, not {type(value).__name__}"
+    meta = body.get("metadata") or {}
+    for key in ("name", "namespace"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            return f"{where}metadata.{key}: must be a string, not {type(meta[key]).__name__}"
+    return None
 
 
 async def _kopf_serve(
@@ -244,11 +274,25 @@ def admission_response(
     new, old, userinfo = request.get("object"), request.get("oldObject"), request.get("userInfo")
     if userinfo is None:
         raise BadReview("User info is missing from the admission request.")
+    if not isinstance(userinfo, Mapping):
+        raise BadReview("the admission request's userInfo is not an object")
     body = new if new is not None else old
     if not isinstance(body, Mapping):
         raise BadReview("Either old or new object is missing from the admission request.")
-    payload: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
+    uid = request.get("uid")
+    payload: dict[str, Any] = {"uid": uid if isinstance(uid, str) else "", "allowed": True}
     if request.get("operation") in ("CREATE", "UPDATE"):
+        shape = _shape_problem(body, "")
+        if shape is None and old is not None:
+            shape = (
+                _shape_problem(old, "oldObject.")
+                if isinstance(old, Mapping)
+                else "oldObject: must be an object"
+            )
+        if shape is not None:
+            payload["allowed"] = False
+            payload["status"] = {"message": f"VerlJob rejected:\n- {shape}", "code": 400}
+            return _answer(review, payload)
         try:
             check(body, old if isinstance(old, Mapping) else None, userinfo)
         except kopf.AdmissionError as exc:
@@ -258,8 +302,13 @@ def admission_response(
             log.exception("the admission check failed")
             payload["allowed"] = False
             payload["status"] = {"message": str(exc) or repr(exc), "code": 500}
+    return _answer(review, payload)
+
+
+def _answer(review: Mapping[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    version, kind = review.get("apiVersion"), review.get("kind")
     return {
-        "apiVersion": review.get("apiVersion", "admission.k8s.io/v1"),
-        "kind": review.get("kind", "AdmissionReview"),
+        "apiVersion": version if isinstance(version, str) else "admission.k8s.io/v1",
+        "kind": kind if isinstance(kind, str) else "AdmissionReview",
         "response": payload,
     }

@@ -115,9 +115,27 @@ def build_launch_configmap(job: Mapping[str, Any], spec: VerlJobSpec, plan: Laun
     }
 
 
+def deep_merge(defaults: Mapping[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
+    """``user`` merged over ``defaults``: mappings merged key by key at every depth, anything else (lists,
+    scalars) replaced, so ``capabilities: {add: [IPC_LOCK]}`` keeps the default ``drop: [ALL]``. The admission
+    policy judges what the user wrote (``drop`` without ALL is denied unless it allows that)."""
+    out = copy.deepcopy(dict(defaults))
+    for key, value in user.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
 def container_security_context(spec: VerlJobSpec) -> dict[str, Any]:
-    """The Ray (and launcher init) container's securityContext: the defaults, the user's keys over them."""
-    return copy.deepcopy({**CONTAINER_SECURITY_DEFAULTS, **spec.security.container_security_context})
+    """The Ray (and launcher init) container's securityContext: the user's merged deeply over the defaults."""
+    return deep_merge(CONTAINER_SECURITY_DEFAULTS, spec.security.container_security_context.to_wire())
+
+
+def pod_security_context(spec: VerlJobSpec) -> dict[str, Any]:
+    """The Ray pods' securityContext: the user's merged deeply over the defaults."""
+    return deep_merge(POD_SECURITY_DEFAULTS, spec.security.pod_security_context.to_wire())
 
 
 def build_service_account(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -173,7 +191,7 @@ def _env(role: str, attempt: int, spec: VerlJobSpec) -> list[dict[str, Any]]:
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
     reserved = {e["name"] for e in ours}
-    return ours + [dict(e) for e in spec.env if e.get("name") not in reserved]
+    return ours + [e.to_wire() for e in spec.env if e.name not in reserved]
 
 
 def _build_pod(
@@ -189,7 +207,7 @@ def _build_pod(
         "restartPolicy": "Never",
         "serviceAccountName": security.service_account_name or names.service_account,
         "automountServiceAccountToken": security.automount_service_account_token,
-        "securityContext": copy.deepcopy({**POD_SECURITY_DEFAULTS, **security.pod_security_context}),
+        "securityContext": pod_security_context(spec),
         "hostname": names.hostname(index),
         "subdomain": names.service,
         "enableServiceLinks": False,
