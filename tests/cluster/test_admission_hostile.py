@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,8 +62,9 @@ def job(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def nested_env(depth: int) -> str:
-    """A job whose env entry carries a list nested ``depth`` deep (as JSON text: too deep for json.dumps)."""
-    text = json.dumps(job("deep", env=[{"name": "X", "value": "1", "x": "@"}]))
+    """A job whose env entry's (free-form) valueFrom carries a list nested ``depth`` deep (as JSON text: too
+    deep for json.dumps)."""
+    text = json.dumps(job("deep", env=[{"name": "X", "valueFrom": {"x": "@"}}]))
     return text.replace('"@"', "[" * depth + '"x"' + "]" * depth)
 
 
@@ -107,6 +111,46 @@ HOSTILE = [
     ),
     pytest.param(job("shm", resources={"shmSize": "infinite"}), "spec.resources.shmSize", id="shm-infinite"),
     pytest.param(nested_env(3000), "too deeply", id="env-nested-3000"),
+    # Quantities with huge exponents: an internal OverflowError, 10e399 in the pod, or a silent int64 cap.
+    pytest.param(
+        job("mem400", resources={"memoryPerNode": "1e400"}),
+        "spec.resources.memoryPerNode: 1e400 is too large",
+        id="memory-1e400",
+    ),
+    pytest.param(
+        job("cpu400", resources={"cpuPerNode": "1e400"}),
+        "spec.resources.cpuPerNode: 1e400 is too large",
+        id="cpu-1e400",
+    ),
+    pytest.param(
+        job("shm400", resources={"shmSize": "1e400"}),
+        "spec.resources.shmSize: 1e400 is too large",
+        id="shm-1e400",
+    ),
+    pytest.param(
+        job("memei", resources={"memoryPerNode": "99999999999999999999Ei"}),
+        "spec.resources.memoryPerNode: 99999999999999999999Ei is more than 1Pi",
+        id="memory-past-int64",
+    ),
+    # Pass-through fields refused in the project's words with the user's path (not the client's env.6).
+    pytest.param(job("envint", env=[{"name": "A", "value": 5}]), "spec.env[0].value", id="env-value-integer"),
+    pytest.param(job("envnoname", env=[{"value": "x"}]), "spec.env[0].name", id="env-without-name"),
+    pytest.param(
+        job("privstr", security={"containerSecurityContext": {"privileged": "true"}}),
+        "spec.security.containerSecurityContext.privileged",
+        id="privileged-string",
+    ),
+    pytest.param(
+        job("capstr", security={"containerSecurityContext": {"capabilities": {"add": "SYS_ADMIN"}}}),
+        "spec.security.containerSecurityContext.capabilities.add",
+        id="capabilities-add-string",
+    ),
+    # 256 data paths of 3,500 characters (897 KB) made a status too large for etcd.
+    pytest.param(
+        job("files", data={"trainFiles": [f"/data/{'x' * 3500}-{i}.parquet" for i in range(256)]}),
+        "spec.data.trainFiles",
+        id="256-long-data-paths",
+    ),
 ]
 
 
@@ -304,6 +348,37 @@ def test_ray_pods_pass_pod_security_admission(
             "spec.security.containerSecurityContext.privileged: true is not allowed",
             id="privileged",
         ),
+        # Denied whatever the namespace's Pod Security labels (this one has none).
+        pytest.param(
+            job("dropnone", security={"containerSecurityContext": {"capabilities": {"drop": []}}}),
+            "spec.security.containerSecurityContext.capabilities.drop: must include ALL",
+            id="drop-nothing",
+        ),
+        pytest.param(
+            job("seccomp", security={"podSecurityContext": {"seccompProfile": {"type": "Unconfined"}}}),
+            "spec.security.podSecurityContext.seccompProfile.type: Unconfined is not allowed",
+            id="seccomp-unconfined",
+        ),
+        pytest.param(
+            job(
+                "apparmor", security={"containerSecurityContext": {"appArmorProfile": {"type": "Unconfined"}}}
+            ),
+            "spec.security.containerSecurityContext.appArmorProfile.type: Unconfined is not allowed",
+            id="apparmor-unconfined",
+        ),
+        pytest.param(
+            job("spct", security={"podSecurityContext": {"seLinuxOptions": {"type": "spc_t"}}}),
+            "spec.security.podSecurityContext.seLinuxOptions.type: spc_t is not allowed",
+            id="selinux-spc-t",
+        ),
+        pytest.param(
+            job(
+                "sysctl",
+                security={"podSecurityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}},
+            ),
+            "spec.security.podSecurityContext.sysctls[0].name: kernel.msgmax is not a safe sysctl",
+            id="unsafe-sysctl",
+        ),
     ],
 )
 def test_default_policy_denies_the_dangerous_cases(
@@ -374,3 +449,97 @@ def test_pod_security_refuses_a_root_job_at_apply(
     applied = kubectl(["apply", "-n", enforcing, "-f", "-"], input=json.dumps(job("rootful")))
     assert applied.returncode != 0
     assert 'violates PodSecurity "restricted:latest"' in applied.stderr and "runAsNonRoot" in applied.stderr
+
+
+# ---- child names, security context merge, finished jobs, malformed reviews ----------------------------------
+
+
+def test_a_job_named_with_a_digit_first_runs_with_valid_child_names_and_merged_capabilities(
+    operator: LocalOperator, kube: client.ApiClient, kubectl: Any, namespace: str
+) -> None:
+    """A name that is no DNS-1035 label used to be admitted, then refused at the Service (PodsRefused); and an
+    added capability used to drop the default ``drop: [ALL]``."""
+    security = {"containerSecurityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}
+    applied = kubectl(["apply", "-n", namespace, "-f", "-"], input=json.dumps(job("1job", security=security)))
+    assert applied.returncode == 0, applied.stderr
+    _wait_phase(kube, namespace, "1job", "Running", 90)
+    core = client.CoreV1Api(kube)
+    [service] = core.list_namespaced_service(namespace, label_selector="verl-operator.io/job=1job").items
+    assert service.metadata.name.startswith("vj-1job-") and service.metadata.name.endswith("-ray")
+    [pod] = core.list_namespaced_pod(namespace, label_selector="verl-operator.io/job=1job").items
+    assert pod.spec.subdomain == service.metadata.name and pod.spec.hostname.startswith("vj-1job-")
+    capabilities = pod.spec.containers[0].security_context.capabilities
+    assert capabilities.drop == ["ALL"] and capabilities.add == ["IPC_LOCK"]
+    _custom(kube).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "1job")
+
+
+def test_a_finished_job_refuses_spec_changes(
+    operator: LocalOperator, kube: client.ApiClient, kubectl: Any, namespace: str
+) -> None:
+    """A spec change of a Failed job used to be stored and ignored (generation 2, observedGeneration 1)."""
+    applied = kubectl(
+        ["apply", "-n", namespace, "-f", "-"], input=json.dumps(job("brief", activeDeadlineSeconds=1))
+    )
+    assert applied.returncode == 0, applied.stderr
+    _wait_phase(kube, namespace, "brief", "Failed", 90)
+    exc = _patch(kube, namespace, "brief", {"data": {"trainBatchSize": 128}})
+    assert exc is not None and exc.status == 422, exc
+    assert "spec.data cannot change after the job finished (Succeeded or Failed)" in str(exc.body)
+    exc = _patch(kube, namespace, "brief", {"suspend": True})
+    assert exc is not None and "spec.suspend cannot change after the job finished" in str(exc.body)
+    # When to delete it may still change.
+    assert _patch(kube, namespace, "brief", {"ttlSecondsAfterFinished": 3600}) is None
+
+
+def _post(url: str, ca: str, payload: bytes) -> tuple[int, Any]:
+    request = urllib.request.Request(url, data=payload, headers={"Content-Type": "application/json"})
+    context = ssl.create_default_context(cafile=ca)
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=20) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+
+
+def _review(obj: Any, operation: str = "CREATE", old: Any = None) -> bytes:
+    request: dict[str, Any] = {
+        "uid": "hostile-1",
+        "operation": operation,
+        "userInfo": {"username": "alice"},
+        "namespace": "default",
+        "object": obj,
+    }
+    if old is not None:
+        request["oldObject"] = old
+    return json.dumps(
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    ).encode()
+
+
+def test_malformed_reviews_sent_to_the_webhook_are_a_400_or_a_denial(
+    operator: LocalOperator, kube: client.ApiClient
+) -> None:
+    """Bodies the campaign posted to the webhook itself, each answered 500 before."""
+    config = client.AdmissionregistrationV1Api(kube).read_validating_webhook_configuration(
+        operator.webhook_name
+    )
+    url = config.webhooks[0].client_config.url
+    meta = {"name": "j", "namespace": "default"}
+    answers = {
+        "not-utf-8": _post(url, str(operator.ca_path), b"\xff\xfe{}"),
+        "spec-a-list": _post(url, str(operator.ca_path), _review({"metadata": meta, "spec": [1, 2]})),
+        "old-spec-a-string": _post(
+            url,
+            str(operator.ca_path),
+            _review({"metadata": meta, "spec": {}}, "UPDATE", {"metadata": meta, "spec": "x"}),
+        ),
+    }
+    assert answers["not-utf-8"][0] == 400, answers
+    for case in ("spec-a-list", "old-spec-a-string"):
+        status, body = answers[case]
+        assert status == 200 and body["response"]["allowed"] is False, answers
+        assert (
+            body["response"]["status"]["code"] == 400
+            and "must be an object" in body["response"]["status"]["message"]
+        )
+    assert operator.healthy()
