@@ -605,8 +605,8 @@ def test_a_job_posts_each_child_once_and_reads_none_back(
     operator: LocalOperator, jobs: Jobs, kube: client.ApiClient
 ) -> None:
     """From apply to Running, a two-pod job costs one POST of its ServiceAccount, ConfigMap and Service each
-    (none answered 409, as a second post of the creating pass was), no read of its ConfigMap, the admission
-    dry run and two pod creates, and two gate removals."""
+    besides the admission dry run of each (none answered 409, as a second post of the creating pass was), no
+    read of its ConfigMap, the dry run of the head and a worker and two pod creates, and two gate removals."""
 
     def namespaces_settled() -> bool | None:
         # Deleting earlier tests' namespaces makes other clients post (and be refused) in them.
@@ -622,11 +622,11 @@ def test_a_job_posts_each_child_once_and_reads_none_back(
     after = _api_requests(kube)
     made = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
     for kind in ("serviceaccounts", "configmaps", "services"):
-        assert made.get(f"POST {kind} 201") == 1.0, (kind, made)
+        assert made.get(f"POST {kind} 201") == 2.0, (kind, made)  # the admission dry run, the create
         assert f"POST {kind} 409" not in made, (kind, made)
     assert not any(k.startswith("GET configmaps") for k in made), made
     assert made.get("PATCH pods 200") == 2.0, made  # the two gate removals, nothing else
-    assert made.get("POST pods 201") == 3.0, made  # the admission dry run of the head, the two pods
+    assert made.get("POST pods 201") == 4.0, made  # the dry run of the head and a worker, the two pods
 
 
 def _request_totals(kube: client.ApiClient) -> list[tuple[dict[str, str], float]]:

@@ -23,7 +23,7 @@ from verl_operator.api.spec import GROUP, PLURAL, VERSION
 from verl_operator.controller import metrics
 from verl_operator.controller.cache import CachedKube
 from verl_operator.controller.config import current
-from verl_operator.controller.dryrun import dry_run_pod, dry_run_problems
+from verl_operator.controller.dryrun import dry_run_children, dry_run_problems
 from verl_operator.controller.reconcile import JobReconciler
 from verl_operator.controller.runtime import RUNTIME
 from verl_operator.controller.webhook import (
@@ -171,8 +171,10 @@ def validate_job(
             permission = _CALLS.submit(pod_permission_problems, _API[0], dict(userinfo), ns)
         dry_run: list[str] = []
         if checked.spec is not None and checked.plan is not None:
-            pod = dry_run_pod(name or "dry-run", ns, checked.spec, checked.plan, current().launcher_image)
-            dry_run = dry_run_problems(_API[0], pod)
+            children = dry_run_children(
+                name or "dry-run", ns, checked.spec, checked.plan, current().launcher_image
+            )
+            dry_run = dry_run_problems(_API[0], children)
         problems = (permission.result() if permission is not None else []) or dry_run
     if problems:
         metrics.ADMISSION_DENIALS.inc()
