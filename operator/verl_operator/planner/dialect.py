@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_operator.planner.inputs import Settings
-from verl_operator.planner.overrides import Override, Value
+from verl_operator.planner.overrides import Override, Value, format_value
 
 ARR = "actor_rollout_ref"
 
@@ -109,22 +109,6 @@ def sp_keys(version: str) -> tuple[str, ...]:
         f"{ARR}.actor.fsdp_config.ulysses_sequence_parallel_size",
         f"{ARR}.ref.fsdp_config.ulysses_sequence_parallel_size",
     )
-
-
-def format_value(value: Value) -> str:
-    """Render a value the way Hydra parses it back (``True``, ``null``, ``[a,b]``, quoted when needed)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "True" if value else "False"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ",".join(format_value(v) for v in value) + "]"
-    text = str(value)
-    if text == "" or (any(c in text for c in " ,[]{}'\"=:") and not text.startswith("${")):
-        return "'" + text.replace("'", "\\'") + "'"
-    return text
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
     violations += verl_keys.key_violations(parsed, spec.verl.version)
     owned, passthrough, vs = read_owned(parsed, dialect.INPUT_KEYS)
     violations += vs
-    reads, _, vs = read_owned(passthrough, dialect.READ_KEYS)
+    reads, _, vs = read_owned(passthrough, dialect.READ_KEYS, owned=False)
     violations += vs
     pins, vs = merge_pins(spec, owned)
     violations += vs
