@@ -220,3 +220,49 @@ def test_nodes_fill_racks_in_order_and_evenly(count: int, racks: int) -> None:
     used = Counter(assigned)
     assert len(used) == min(count, racks)
     assert max(used.values()) - min(used.values()) <= 1
+
+
+def test_gfd_nodes_carry_a_stock_gpu_operators_labels() -> None:
+    """The simulated DGX H100 carries every GPU Operator label of the published DGX H100 node (drivers aside),
+    with the same values: mig.strategy=single with MIG disabled, replicas 1, sharing none."""
+    fixtures = yaml.safe_load((Path(__file__).parent / "data" / "gpu-nodes.yaml").read_text())
+    published = next(f for f in fixtures if f["id"] == "gpu-operator-dgx-h100")["labels"]
+    simulated = node_manifests(load_profile("dgx-h100"))[0]["metadata"]["labels"]
+    expected = {k: v for k, v in published.items() if not k.startswith("nvidia.com/cuda.")}
+    assert {k: simulated.get(k) for k in expected} == expected
+
+
+def test_label_styles_profile_writes_each_style() -> None:
+    nodes = {n["metadata"]["name"]: n for n in node_manifests(load_profile("label-styles"))}
+
+    def labels(name: str) -> dict[str, str]:
+        return dict(nodes[name]["metadata"]["labels"])
+
+    def gpus(name: str) -> dict[str, str]:
+        return {k: v for k, v in nodes[name]["status"]["allocatable"].items() if k.startswith("nvidia.com/")}
+
+    shared = labels("style-time-sliced-0")
+    assert shared[L.GPU_PRODUCT] == "NVIDIA-A100-SXM4-80GB-SHARED" and shared[L.GPU_REPLICAS] == "4"
+    assert gpus("style-time-sliced-0") == {L.GPU_RESOURCE: "32"} and shared[L.GPU_COUNT] == "8"
+    mig = labels("style-mig-0")
+    assert mig[L.GPU_PRODUCT] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb" and mig[L.MIG_CONFIG] == "all-1g.5gb"
+    assert gpus("style-mig-0") == {L.GPU_RESOURCE: "56"}
+    assert not [k for k in labels("style-gke-0") if k.startswith("nvidia.com/")]
+    assert labels("style-gke-0")[L.GKE_ACCELERATOR] == "nvidia-h100-80gb"
+    assert labels("style-karpenter-0")[L.KARPENTER_GPU_MEMORY] == "81920"
+    assert [k for k in labels("style-bare-0") if k.startswith("nvidia.com/")] == [L.GPU_RESOURCE]
+
+
+def test_mixed_mig_offers_slices_and_no_whole_gpus() -> None:
+    data = _with(
+        "nodeGroups.0.gpu.mig", {"strategy": "mixed", "profile": "3g.40gb", "perGpu": 2, "memoryMib": 40192}
+    )
+    node = node_manifests(parse_profile(data))[0]
+    assert node["status"]["allocatable"][L.GPU_RESOURCE] == "0"
+    assert node["status"]["allocatable"]["nvidia.com/mig-3g.40gb"] == "16"
+    assert node["metadata"]["labels"][L.MIG_STRATEGY] == "mixed"
+
+
+def test_a_cloud_label_style_needs_the_clouds_gpu_name() -> None:
+    with pytest.raises(ProfileError, match="cloudName"):
+        parse_profile(_with("nodeGroups.0.gpu.labelStyle", "gke"), "test.yaml")

@@ -11,6 +11,34 @@ GPU_FAMILY = "nvidia.com/gpu.family"
 GPU_MACHINE = "nvidia.com/gpu.machine"
 GPU_COMPUTE_MAJOR = "nvidia.com/gpu.compute.major"
 GPU_COMPUTE_MINOR = "nvidia.com/gpu.compute.minor"
+GPU_REPLICAS = "nvidia.com/gpu.replicas"
+GPU_SHARING_STRATEGY = "nvidia.com/gpu.sharing-strategy"
+GPU_MODE = "nvidia.com/gpu.mode"
+MIG_CAPABLE = "nvidia.com/mig.capable"
+MIG_STRATEGY = "nvidia.com/mig.strategy"
+MIG_CONFIG = "nvidia.com/mig.config"
+MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
+MPS_CAPABLE = "nvidia.com/mps.capable"
+#: The GPU Operator's per-component ``nvidia.com/gpu.deploy.<component>=true`` labels.
+GPU_OPERATOR_COMPONENTS = (
+    "driver",
+    "container-toolkit",
+    "device-plugin",
+    "gpu-feature-discovery",
+    "dcgm",
+    "dcgm-exporter",
+    "mig-manager",
+    "node-status-exporter",
+    "operator-validator",
+)
+# GKE's and Karpenter's GPU labels, on nodes without GFD.
+GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
+GKE_SHARING = "cloud.google.com/gke-gpu-sharing-strategy"
+GKE_SHARED_CLIENTS = "cloud.google.com/gke-max-shared-clients-per-gpu"
+KARPENTER_GPU_NAME = "karpenter.k8s.aws/instance-gpu-name"
+KARPENTER_GPU_MANUFACTURER = "karpenter.k8s.aws/instance-gpu-manufacturer"
+KARPENTER_GPU_COUNT = "karpenter.k8s.aws/instance-gpu-count"
+KARPENTER_GPU_MEMORY = "karpenter.k8s.aws/instance-gpu-memory"
 #: ``<ClusterUUID>.<CliqueID>``: GPUs joined by multi-node NVLink (GB200 NVL72); absent otherwise.
 GPU_CLIQUE = "nvidia.com/gpu.clique"
 #: The extended resource the NVIDIA device plugin advertises.

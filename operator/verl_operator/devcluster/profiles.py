@@ -44,8 +44,34 @@ def _label_value(value: str, what: str) -> str:
     return value
 
 
+class TimeSlicing(_Model):
+    """GPU sharing as the NVIDIA device plugin configures it (``sharing.timeSlicing`` or ``sharing.mps``)."""
+
+    replicas: int = Field(ge=2, le=64, description="Advertised GPUs per physical GPU")
+    strategy: Literal["time-slicing", "mps"] = "time-slicing"
+    rename: bool = Field(
+        default=False,
+        description="renameByDefault: no -SHARED suffix on the product (the resource is renamed)",
+    )
+
+
+class Mig(_Model):
+    """MIG slices on every GPU of the node, advertised under the device plugin's MIG strategy."""
+
+    strategy: Literal["single", "mixed"]
+    profile: str = Field(pattern=r"^[0-9]+g\.[0-9]+gb$", description="The MIG profile, e.g. 1g.10gb")
+    per_gpu: int = Field(ge=1, le=7, description="Slices per GPU")
+    memory_mib: int = Field(gt=0, description="Memory of one slice in MiB")
+
+
 class Gpu(_Model):
-    """The GPUs of every node in a group, as GPU Feature Discovery would report them."""
+    """The GPUs of every node in a group, labelled as the group's ``labelStyle`` says.
+
+    ``gfd`` (default): the full label set of a stock NVIDIA GPU Operator (GPU Feature Discovery, with
+    ``mig.strategy=single`` whether MIG is in use or not); ``gke``: GKE's device plugin without GFD
+    (``cloud.google.com/gke-accelerator``); ``karpenter``: Karpenter's ``karpenter.k8s.aws/instance-gpu-*``;
+    ``bare``: only ``nvidia.com/gpu=present``.
+    """
 
     product: str = Field(description="nvidia.com/gpu.product, e.g. NVIDIA-H100-80GB-HBM3")
     count: int = Field(ge=1, le=64, description="GPUs per node (nvidia.com/gpu capacity)")
@@ -60,6 +86,15 @@ class Gpu(_Model):
         description="verl-operator.io/nvlink-domain-size, only where a topology probe would have written it",
     )
     clique: str | None = Field(default=None, description="nvidia.com/gpu.clique for multi-node NVLink")
+    label_style: Literal["gfd", "gke", "karpenter", "bare"] = "gfd"
+    mig_capable: bool | None = Field(
+        default=None, description="nvidia.com/mig.capable (default: true for A100/A30/H100/H200/B200/GB200)"
+    )
+    cloud_name: str | None = Field(
+        default=None, description="gke: the gke-accelerator value; karpenter: instance-gpu-name"
+    )
+    time_slicing: TimeSlicing | None = None
+    mig: Mig | None = None
 
     @field_validator("product", "family", "machine")
     @classmethod
@@ -72,6 +107,14 @@ class Gpu(_Model):
         if value is not None and not _CLIQUE.match(value):
             raise ValueError(f"clique {value!r} is not '<ClusterUUID>.<CliqueID>'")
         return value
+
+    @model_validator(mode="after")
+    def _style_fits(self) -> Gpu:
+        if self.label_style in ("gke", "karpenter") and not self.cloud_name:
+            raise ValueError(f"labelStyle {self.label_style} needs cloudName (the cloud's GPU name)")
+        if self.mig is not None and self.label_style != "gfd":
+            raise ValueError("mig is modelled for labelStyle gfd only")
+        return self
 
     @model_validator(mode="after")
     def _domain_divides_count(self) -> Gpu:
@@ -238,23 +281,92 @@ def node_group_like(name: str, **changes: Any) -> dict[str, Any]:
     return {**group.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"block"}), **changes}
 
 
+_MIG_CAPABLE = ("A100", "A30", "H100", "H200", "H800", "H20", "B200", "GB200")
+
+
 def gpu_labels(gpu: Gpu) -> dict[str, str]:
-    """The GPU Feature Discovery labels of a node with these GPUs (and the NVLink label where set)."""
-    out = {
-        L.GPU_PRESENT: "true",
-        L.GPU_PRODUCT: gpu.product,
-        L.GPU_COUNT: str(gpu.count),
-        L.GPU_MEMORY_MIB: str(gpu.memory_mib),
-        L.GPU_FAMILY: gpu.family,
-        L.GPU_MACHINE: gpu.machine,
-        L.GPU_COMPUTE_MAJOR: str(gpu.compute_major),
-        L.GPU_COMPUTE_MINOR: str(gpu.compute_minor),
-    }
+    """The labels a node with these GPUs carries in the group's label style (and the NVLink label where set).
+
+    ``gfd`` follows GPU Feature Discovery (NVIDIA/k8s-device-plugin ``internal/lm``) under a stock GPU
+    Operator: ``-MIG-<profile>`` under ``mig.strategy=single``, ``-SHARED`` and ``gpu.replicas`` under
+    time-slicing, ``gpu.replicas=1`` / ``sharing-strategy=none`` otherwise.
+    """
+    if gpu.label_style == "gke":
+        out = {L.GKE_ACCELERATOR: str(gpu.cloud_name), "cloud.google.com/gke-gpu": "true"}
+        if gpu.time_slicing is not None:
+            out[L.GKE_SHARING] = "time-sharing" if gpu.time_slicing.strategy == "time-slicing" else "mps"
+            out[L.GKE_SHARED_CLIENTS] = str(gpu.time_slicing.replicas)
+    elif gpu.label_style == "karpenter":
+        out = {
+            L.KARPENTER_GPU_NAME: str(gpu.cloud_name),
+            L.KARPENTER_GPU_MANUFACTURER: "nvidia",
+            L.KARPENTER_GPU_COUNT: str(gpu.count),
+            L.KARPENTER_GPU_MEMORY: str(gpu.memory_mib),
+        }
+    elif gpu.label_style == "bare":
+        out = {L.GPU_RESOURCE: "present"}
+    else:
+        out = _gfd_labels(gpu)
     if gpu.clique is not None:
         out[L.GPU_CLIQUE] = gpu.clique
     if gpu.nvlink_domain_size is not None:
         out[L.NVLINK_DOMAIN_SIZE] = str(gpu.nvlink_domain_size)
     return out
+
+
+def _gfd_labels(gpu: Gpu) -> dict[str, str]:
+    mig_capable = gpu.mig_capable
+    if mig_capable is None:
+        mig_capable = any(token in gpu.product.upper().split("-") for token in _MIG_CAPABLE)
+    product, count, memory, replicas = gpu.product, gpu.count, gpu.memory_mib, 1
+    if gpu.mig is not None and gpu.mig.strategy == "single":
+        product, count, memory = (
+            f"{product}-MIG-{gpu.mig.profile}",
+            gpu.count * gpu.mig.per_gpu,
+            gpu.mig.memory_mib,
+        )
+    if gpu.time_slicing is not None:
+        replicas = gpu.time_slicing.replicas
+        if not gpu.time_slicing.rename:
+            product = f"{product}-SHARED"
+    out = {
+        L.GPU_PRESENT: "true",
+        **{f"nvidia.com/gpu.deploy.{c}": "true" for c in L.GPU_OPERATOR_COMPONENTS},
+        L.GPU_PRODUCT: product,
+        L.GPU_COUNT: str(count),
+        L.GPU_MEMORY_MIB: str(memory),
+        L.GPU_FAMILY: gpu.family,
+        L.GPU_MACHINE: gpu.machine,
+        L.GPU_COMPUTE_MAJOR: str(gpu.compute_major),
+        L.GPU_COMPUTE_MINOR: str(gpu.compute_minor),
+        L.GPU_REPLICAS: str(replicas),
+        L.GPU_SHARING_STRATEGY: gpu.time_slicing.strategy if gpu.time_slicing is not None else "none",
+        L.GPU_MODE: "compute",
+        L.MIG_CAPABLE: str(mig_capable).lower(),
+        L.MIG_STRATEGY: gpu.mig.strategy if gpu.mig is not None else "single",
+        L.MPS_CAPABLE: "false",
+    }
+    if mig_capable:
+        out[L.MIG_CONFIG] = f"all-{gpu.mig.profile}" if gpu.mig is not None else "all-disabled"
+        out[L.MIG_CONFIG_STATE] = "success"
+    if gpu.mig is not None and gpu.mig.strategy == "mixed":
+        key = f"nvidia.com/mig-{gpu.mig.profile}"
+        out.update(
+            {f"{key}.count": str(gpu.count * gpu.mig.per_gpu), f"{key}.memory": str(gpu.mig.memory_mib)}
+        )
+        out[L.GPU_REPLICAS] = "0"  # GFD labels MIG-enabled GPUs without their sharing config
+    return out
+
+
+def gpu_resources(gpu: Gpu) -> dict[str, str]:
+    """The node's GPU extended resources: whole GPUs, time-sliced replicas or MIG slices."""
+    if gpu.mig is not None:
+        slices = gpu.count * gpu.mig.per_gpu
+        if gpu.mig.strategy == "single":
+            return {L.GPU_RESOURCE: str(slices)}
+        return {L.GPU_RESOURCE: "0", f"nvidia.com/mig-{gpu.mig.profile}": str(slices)}
+    replicas = gpu.time_slicing.replicas if gpu.time_slicing is not None else 1
+    return {L.GPU_RESOURCE: str(gpu.count * replicas)}
 
 
 def node_manifests(profile: Profile) -> list[dict[str, Any]]:
@@ -286,7 +398,7 @@ def node_manifests(profile: Profile) -> list[dict[str, Any]]:
             resources = {"cpu": group.cpu, "memory": group.memory, "pods": str(group.pods)}
             if group.gpu is not None:
                 node_labels.update(gpu_labels(group.gpu))
-                resources[L.GPU_RESOURCE] = str(group.gpu.count)
+                resources.update(gpu_resources(group.gpu))
             node_labels.update(group.labels)
             nodes.append(
                 {
