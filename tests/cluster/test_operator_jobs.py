@@ -216,10 +216,10 @@ def test_example_plans_and_lands_on_two_whole_nodes_of_one_rack(jobs: Jobs) -> N
         jobs.core.read_namespaced_config_map("grpo-qwen7b-launch", jobs.ns).data["launch.json"]
     )
     assert launch["head"]["host"] == f"grpo-qwen7b-head-0.grpo-qwen7b-ray.{jobs.ns}.svc"
-    assert (
-        launch["overrides"] == status["plan"]["overrides"]
-        and "trainer.total_epochs=15" in launch["overrides"]
-    )
+    # The status keeps the planner's overrides and a count and hash of the user's; the launch gets them all.
+    kept = [o for o in status["plan"]["overrides"] if not o.startswith("#passthrough")]
+    assert launch["overrides"][: len(kept)] == kept and "trainer.total_epochs=15" in launch["overrides"]
+    assert "trainer.total_epochs=15" not in status["plan"]["overrides"]
     assert jobs.core.read_namespaced_service("grpo-qwen7b-ray", jobs.ns).spec.cluster_ip == "None"
     reasons = {e.reason for e in jobs.events("grpo-qwen7b")}
     assert {"Placed", "PodsCreated", "Running"} <= reasons
@@ -465,18 +465,90 @@ def test_deleting_the_job_cascades_to_every_child(jobs: Jobs) -> None:
     wait_for(children_gone, "ConfigMap, Service and pods garbage-collected", 90)
 
 
-def test_kueue_queue_name_hands_the_pods_to_kueue(jobs: Jobs) -> None:
+#: A stand-in for Kueue's CRDs: the API group served, no Kueue controller running.
+KUEUE_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "localqueues.kueue.x-k8s.io"},
+    "spec": {
+        "group": "kueue.x-k8s.io",
+        "scope": "Namespaced",
+        "names": {"plural": "localqueues", "singular": "localqueue", "kind": "LocalQueue"},
+        "versions": [
+            {
+                "name": "v1beta1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                },
+            }
+        ],
+    },
+}
+
+
+@pytest.fixture
+def kueue_crd(jobs: Jobs, kube: client.ApiClient) -> Iterator[None]:
+    """Kueue's API group is served (its CRD installed) for one test; Kueue itself does not run."""
+    extensions = client.ApiextensionsV1Api(kube)
+    extensions.create_custom_resource_definition(KUEUE_CRD)
+    groups = client.ApisApi(kube)
+    wait_for(
+        lambda: any(g.name == "kueue.x-k8s.io" for g in groups.get_api_versions().groups), "kueue served", 30
+    )
+    yield
+    extensions.delete_custom_resource_definition(KUEUE_CRD["metadata"]["name"])
+
+
+def test_kueue_queue_name_without_kueue_is_denied(jobs: Jobs) -> None:
     manifest = job("queued", 16, 8, resources={"nodeSelector": DGX}, scheduling={"queueName": "gpu-queue"})
-    assert jobs.apply(manifest).returncode == 0
-    # No Kueue runs here: nothing holds the pods, the default scheduler places them as they come.
+    applied = jobs.apply(manifest)
+    assert applied.returncode != 0 and "Kueue is not installed" in applied.stderr, applied.stderr
+    assert "spec.scheduling.queueName" in applied.stderr and jobs.get("queued") is None
+
+
+def test_kueue_queue_name_hands_the_pods_to_kueue_and_their_gpus_count(jobs: Jobs, kueue_crd: None) -> None:
+    manifest = job("queued", 16, 8, resources={"nodeSelector": DGX}, scheduling={"queueName": "gpu-queue"})
+    applied = jobs.apply(manifest)
+    assert applied.returncode == 0, applied.stderr
+    # No Kueue controller runs here: nothing holds the pods, the default scheduler places them as they come.
     status = jobs.wait_phase("queued", "Running")
     assert status["placement"]["handoff"] == "Kueue" and status["placement"]["nodes"] == []
+    taken = set()
     for pod in jobs.running_pods("queued", 2):
         labels = pod.metadata.labels
         assert labels["kueue.x-k8s.io/queue-name"] == "gpu-queue"
         assert labels["kueue.x-k8s.io/pod-group-name"] == "queued-r0"
         assert pod.metadata.annotations["kueue.x-k8s.io/pod-group-total-count"] == "2"
         assert not pod.spec.scheduling_gates and pod.spec.affinity is None, "Kueue gates and places, not us"
+        taken.add(pod.spec.node_name)
+    # The operator's own placement counts those GPUs: the next job takes the two other DGX nodes and runs.
+    assert jobs.apply(job("after", 16, 8, resources={"nodeSelector": DGX})).returncode == 0
+    placed = jobs.wait_phase("after", "Running")
+    assert not set(placed["placement"]["nodes"]) & taken, (placed["placement"]["nodes"], taken)
+
+
+def test_admission_denies_pods_the_cluster_cannot_create_with_its_reason(
+    jobs: Jobs, kube: client.ApiClient
+) -> None:
+    """A missing ServiceAccount or PriorityClass, or a ResourceQuota below the job's GPUs: denied at
+    ``kubectl apply`` with the API server's own reason (the dry run of the job's pods)."""
+    missing_sa = job(
+        "nosa", 8, 8, resources={"nodeSelector": DGX}, security={"serviceAccountName": "trainer"}
+    )
+    missing_pc = job("nopc", 8, 8, resources={"nodeSelector": DGX}, scheduling={"priorityClassName": "nope"})
+    for manifest, reason in (
+        (missing_sa, 'serviceaccount "trainer" not found'),
+        (missing_pc, "PriorityClass"),
+    ):
+        applied = jobs.apply(manifest)
+        assert applied.returncode != 0 and reason in applied.stderr, applied.stderr
+    quota = {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "4"}}}
+    jobs.core.create_namespaced_resource_quota(jobs.ns, quota)
+    applied = jobs.apply(job("big", 8, 8, resources={"nodeSelector": DGX}))
+    assert applied.returncode != 0 and "exceeded quota: gpus" in applied.stderr, applied.stderr
+    assert all(jobs.get(n) is None for n in ("nosa", "nopc", "big"))
 
 
 def test_volcano_without_volcano_says_so(jobs: Jobs) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from verl_operator.controller.kube import MissingAPIError
 from verl_operator.controller.queue import Priorities, waiting_entry
-from verl_operator.controller.refused import ChildRefused
+from verl_operator.controller.refused import classify, name_taken
 from verl_operator.controller.snapshot import Snapshot, pod_usage_entry
 from verl_operator.manifests.names import LABEL_JOB
 
@@ -45,7 +45,8 @@ class FakeKube:
     served_kinds: frozenset[str] = frozenset({"Pod", "ConfigMap", "Service", "ServiceAccount"})
     #: PriorityClass name -> value (the queue's order).
     priority_classes: dict[str, int] = field(default_factory=dict)
-    #: When set, every pod create is refused (403) with this message, as Pod Security admission does.
+    #: When set, every pod create is refused (403) with this message, as Pod Security admission does (or the
+    #: ServiceAccount, Priority and ResourceQuota admission plugins, by the message).
     refuse_pods: str | None = None
 
     # ---- reads -------------------------------------------------------------------------------------
@@ -78,9 +79,14 @@ class FakeKube:
         key = (kind, str(manifest["metadata"]["namespace"]), str(manifest["metadata"]["name"]))
         self.requests.append(("create", f"{kind}/{key[2]}"))
         if key in self.objects:
+            taken = name_taken(self.objects[key], manifest)  # another object's name is never adopted
+            if taken is not None:
+                raise taken
             return False
         if kind == "Pod" and self.refuse_pods is not None:
-            raise ChildRefused(kind, key[2], 403, self.refuse_pods)
+            verdict = classify(403, self.refuse_pods, manifest)  # as the API server's 403 is read
+            assert verdict is not None
+            raise verdict
         body = copy.deepcopy(dict(manifest))
         if kind == "Pod":
             body["metadata"]["uid"] = f"uid-{key[2]}"

@@ -28,7 +28,7 @@ from verl_operator.api.spec import GROUP, PLURAL, VERSION
 from verl_operator.api.status import ACTIVE_PHASES
 from verl_operator.controller.kube import Kube, response_json
 from verl_operator.controller.queue import Priorities, Rank, Waiting, rank, waiting_entry
-from verl_operator.controller.refused import refusal
+from verl_operator.controller.refused import BLOCKED_REASONS, refusal
 from verl_operator.controller.snapshot import Snapshot, node_capacity, pod_usage_entry
 from verl_operator.manifests.names import LABEL_JOB
 from verl_operator.placement import NodeCapacity
@@ -102,6 +102,8 @@ class WatchCache:
         self.gone: OrderedDict[str, None] = OrderedDict()
         #: Node facts recomputed (a Node changed a fact) since start: the benchmark and the tests read it.
         self.node_fact_changes = 0
+        #: Jobs whose pods could not be created, to be tried at once (:meth:`retry_blocked`).
+        self.retry_due: set[JobKey] = set()
 
     # ---- writes (event loop) ----------------------------------------------------------------------------
     def put_node(self, node: Mapping[str, Any]) -> bool:
@@ -263,6 +265,27 @@ class WatchCache:
                 and not (j.get("status") or {}).get("placement")
             )
 
+    def retry_blocked(self) -> list[JobKey]:
+        """Mark every job whose pods could not be created (a missing object, a quota) to be tried at once, and
+        return them: something that may have been in their way changed."""
+        with self.lock:
+            keys = sorted(
+                k
+                for k, j in self.jobs.items()
+                if (j.get("status") or {}).get("phase") == "Pending"
+                and (j.get("status") or {}).get("reason") in BLOCKED_REASONS
+            )
+            self.retry_due.update(keys)
+            return keys
+
+    def take_retry(self, namespace: str, name: str) -> bool:
+        """True once for a job marked by :meth:`retry_blocked`."""
+        with self.lock:
+            if (namespace, name) in self.retry_due:
+                self.retry_due.discard((namespace, name))
+                return True
+            return False
+
     def priorities(self) -> Priorities:
         """The PriorityClasses now (the default: the highest ``globalDefault`` value, as Kubernetes picks)."""
         with self.lock:
@@ -358,7 +381,7 @@ class CachedKube(Kube):
             created = self.core.create_namespaced_pod(ns, body, _preload_content=False)
         except ApiException as exc:
             if exc.status == 409:
-                return False
+                return self.exists_owned(manifest, exc)
             refused = refusal(exc, manifest)
             if refused is not None:
                 raise refused from exc

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
 
 from verl_operator.api.errors import validation_violations
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.api.status import FINISHED_PHASES, VerlJobStatus
+from verl_operator.api.status import FINISHED_PHASES, VerlJobStatus, parse_status
 from verl_operator.controller.assess import pod_phase
-from verl_operator.controller.pipeline import Planned, plan_and_place
+from verl_operator.controller.pipeline import Planned, plan_and_place, status_plan
 from verl_operator.controller.queue import ahead_of, rank
-from verl_operator.controller.refused import ChildRefused
+from verl_operator.controller.refused import BLOCKED_REASONS, ChildBlocked, ChildRefused, owner_uids
 from verl_operator.controller.running import run
 from verl_operator.controller.snapshot import Snapshot
 from verl_operator.controller.status import condition, format_time, merge_conditions, parse_time
@@ -45,6 +45,8 @@ class Observed:
         launcher_image: The operator's image, for jobs whose Ray pods copy its launcher (None: none).
         node_states: For a placed job, each of its chosen nodes that is not Ready: ``deleted`` (gone from the
             node watch) or ``NotReady``.
+        retry_now: Try a job whose pods could not be created again now, not at its retry time (an object
+            that may have been in its way changed).
     """
 
     job: Mapping[str, Any]
@@ -55,6 +57,7 @@ class Observed:
     now: float = 0.0
     launcher_image: str | None = None
     node_states: Mapping[str, str] = field(default_factory=dict)
+    retry_now: bool = False
 
     @property
     def generation(self) -> int:
@@ -71,6 +74,7 @@ def decide(seen: Observed) -> Transition:
     """The transition of one reconcile pass of an existing job (see the module docstring for the order)."""
     if seen.job["metadata"].get("deletionTimestamp"):
         return Transition()
+    seen = own_pods(seen)
     if seen.status.phase in FINISHED_PHASES:
         return finished(seen)
     try:
@@ -82,8 +86,20 @@ def decide(seen: Observed) -> Transition:
     if not seen.status.placed:
         if refused_for_this_generation(seen):
             return Transition()  # the API server refused these pods: wait for a spec change
+        due = blocked_until(seen.status, seen.generation)
+        if due is not None and seen.now < due and not seen.retry_now:
+            return Transition()  # the pods could not be created: wait for the retry (or a change)
         return place_job(seen, spec)
     return run(seen, spec)
+
+
+def own_pods(seen: Observed) -> Observed:
+    """``seen`` with only the pods the job owns (by uid): a pod that merely carries the job's label is never
+    counted, deleted or taken for one of the job's own."""
+    uid = str(seen.job["metadata"].get("uid", ""))
+    if all(uid in owner_uids(p) for p in seen.pods):
+        return seen
+    return replace(seen, pods=[p for p in seen.pods if uid in owner_uids(p)])
 
 
 def refused_for_this_generation(seen: Observed) -> bool:
@@ -100,6 +116,7 @@ def children_refused(seen: Observed, exc: ChildRefused) -> Transition:
     """The API server refused a child for good (its schema, Pod Security, a quota): ``Invalid`` with the API
     server's message (``Valid=False``, ``Stalled``, a Warning event), every pod of the attempt deleted and the
     reservation released, so the job holds no GPUs; it is placed again once its spec changes."""
+    seen = own_pods(seen)
     text = str(exc)
     old, gen, now = seen.status, seen.generation, seen.stamp
     new = advance(
@@ -123,6 +140,68 @@ def children_refused(seen: Observed, exc: ChildRefused) -> Transition:
         str(p["metadata"]["name"]) for p in seen.pods if not p["metadata"].get("deletionTimestamp")
     )
     event = on_change(old, new, Event("Warning", "PodsRefused", text))
+    return Transition(status=new, event=event, delete=doomed, unreserve=True)
+
+
+#: Seconds a job whose pods could not be created waits before it is placed and tried again (sooner when a
+#: PriorityClass or its spec changes).
+BLOCKED_RETRY_SECONDS = 10.0
+#: The condition that names what keeps a job's pods from being created (removed once they all exist).
+CREATABLE = "PodsCreatable"
+
+
+def blocked_until(status: VerlJobStatus, generation: int) -> float | None:
+    """When a job whose pods could not be created (:func:`children_blocked`) is tried again: its ``Placed``
+    condition's transition time plus :data:`BLOCKED_RETRY_SECONDS`; None when it is not waiting so (or its
+    spec changed since: then it is tried at once)."""
+    if status.phase != "Pending" or status.reason not in BLOCKED_REASONS:
+        return None
+    if status.observed_generation != generation:
+        return None
+    placed = status.condition("Placed")
+    since = parse_time(placed.last_transition_time) if placed is not None else None
+    return (since or 0.0) + BLOCKED_RETRY_SECONDS
+
+
+def blocked_retry_due(job: Mapping[str, Any]) -> float | None:
+    """The epoch second at which the runtime should reconcile a blocked job again (None: not blocked)."""
+    meta = job.get("metadata") or {}
+    due = blocked_until(parse_status(job.get("status")), int(meta.get("generation", 1)))
+    return None if due is None else due + 1.0
+
+
+def children_blocked(seen: Observed, exc: ChildBlocked) -> Transition:
+    """The cluster cannot take the job's children now (a missing ServiceAccount or PriorityClass, a quota, a
+    name another object holds): ``Pending`` with the reason and a message naming the object and the cause,
+    every pod of the attempt deleted and the placement and reservation released, so the job holds no GPUs.
+    It is placed again after :data:`BLOCKED_RETRY_SECONDS`, at once when a PriorityClass or its spec changes.
+    """
+    seen = own_pods(seen)
+    text = f"{exc.summary()}; the job holds no GPUs and is tried again every {BLOCKED_RETRY_SECONDS:.0f}s"
+    old, gen, now = seen.status, seen.generation, seen.stamp
+    before = old.condition(CREATABLE)
+    new = advance(
+        old,
+        generation=gen,
+        now=now,
+        phase="Pending",
+        reason=exc.reason,
+        message=text,
+        conditions=[
+            condition("Placed", False, exc.reason, text, gen, now),
+            condition(CREATABLE, False, exc.reason, text, gen, now),
+        ],
+        changes={
+            "placement": None,
+            "nodes": "",
+            "attempt": old.attempt + 1 if old.placement else old.attempt,
+        },
+    )
+    doomed = tuple(
+        str(p["metadata"]["name"]) for p in seen.pods if not p["metadata"].get("deletionTimestamp")
+    )
+    same = before is not None and before.reason == exc.reason and exc.blocker in before.message
+    event = None if same else Event("Warning", exc.reason, text)
     return Transition(status=new, event=event, delete=doomed, unreserve=True)
 
 
@@ -227,11 +306,21 @@ def place_job(seen: Observed, spec: VerlJobSpec) -> Transition:
     outcome = plan_and_place(spec, snap, seen.reserved, attempt=seen.status.attempt, job_uid=uid, ahead=ahead)
     elapsed = time.perf_counter() - started
     old, gen, now = seen.status, seen.generation, seen.stamp
-    new, event = _placed_status(old, outcome, gen, now)
+    new, placed = _placed_status(old, outcome, gen, now)
+    event: Event | None = placed
+    if new.plan is not None:  # bounded: the status never repeats user input of unbounded size
+        new = new.model_copy(update={"plan": status_plan(new.plan, spec)})
+    if old.reason in BLOCKED_REASONS and new.phase == "Starting":
+        event = None  # the retry of a job whose pods could not be created: its warning said enough
     reserve = None
     if outcome.placement is not None and outcome.placement.nodes:
         reserve = (tuple(outcome.placement.nodes), int(outcome.placement.gpus_per_node or 0))
-    return Transition(status=new, event=on_change(old, new, event), reserve=reserve, planning_seconds=elapsed)
+    return Transition(
+        status=new,
+        event=on_change(old, new, event) if event is not None else None,
+        reserve=reserve,
+        planning_seconds=elapsed,
+    )
 
 
 def _infeasible_status(

@@ -24,6 +24,7 @@ from verl_operator.controller import metrics
 from verl_operator.controller.cache import CachedKube
 from verl_operator.controller.config import current
 from verl_operator.controller.dryrun import dry_run_children, dry_run_problems
+from verl_operator.controller.kube import kueue_problems
 from verl_operator.controller.reconcile import JobReconciler
 from verl_operator.controller.runtime import RUNTIME
 from verl_operator.controller.webhook import (
@@ -100,6 +101,7 @@ async def priority_classes(name: str, body: kopf.Body, **_: Any) -> dict[str, bo
     """Every PriorityClass event: its value into the watch cache (the queue's order); a change wakes the queue."""
     if RUNTIME.cache.put_priority_class(body):
         RUNTIME.capacity_changed()
+        RUNTIME.retry_blocked()  # a job waiting for this class may be created now
     return {name: True}
 
 
@@ -113,11 +115,13 @@ async def priority_class_event(type: str | None, name: str, **_: Any) -> None:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
 async def job_event(type: str | None, namespace: str, name: str, **_: Any) -> None:
-    """Any change of a VerlJob: reconcile it (a deleted one: release its pods); a deleted placed job frees GPUs."""
+    """Any change of a VerlJob: reconcile it (a deleted one: release its pods); a deleted job wakes the queue."""
     RUNTIME.mark_ready()
-    freed = type == "DELETED" and RUNTIME.cache.drop_job((namespace, name))
+    deleted = type == "DELETED"
+    if deleted:
+        RUNTIME.cache.drop_job((namespace, name))
     RUNTIME.enqueue((namespace, name))
-    if freed:
+    if deleted:  # always: this process may hold a reservation for it that its status never showed
         RUNTIME.capacity_changed()
 
 
@@ -170,7 +174,9 @@ def validate_job(
         if changed and policy.require_pod_create_permission and userinfo:
             permission = _CALLS.submit(pod_permission_problems, _API[0], dict(userinfo), ns)
         dry_run: list[str] = []
-        if checked.spec is not None and checked.plan is not None:
+        if checked.spec is not None and _queue_changed(checked.spec.scheduling.queue_name, old_spec):
+            dry_run = kueue_problems(_API[0], checked.spec.scheduling.queue_name)
+        if not dry_run and checked.spec is not None and checked.plan is not None:
             children = dry_run_children(
                 name or "dry-run", ns, checked.spec, checked.plan, current().launcher_image
             )
@@ -179,6 +185,14 @@ def validate_job(
     if problems:
         metrics.ADMISSION_DENIALS.inc()
         raise kopf.AdmissionError("VerlJob rejected:\n" + "\n".join(f"- {p}" for p in problems), code=422)
+
+
+def _queue_changed(queue_name: str | None, old_spec: Mapping[str, Any] | None) -> bool:
+    """A create, or an update that sets another ``scheduling.queueName`` (only then is Kueue looked up)."""
+    if old_spec is None:
+        return queue_name is not None
+    before = (old_spec.get("scheduling") or {}) if isinstance(old_spec.get("scheduling"), Mapping) else {}
+    return queue_name is not None and before.get("queueName") != queue_name
 
 
 #: kopf's id of the validating handler: the last segment of the webhook's URL path.
@@ -263,7 +277,13 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     calls = ThreadPoolExecutor(
         max_workers=4 * cfg.workers, thread_name_prefix="api"
     )  # pods of one pass at once
-    reconciler = JobReconciler(CachedKube(api, cache), cache.snapshot, node_facts=cache.facts_of, calls=calls)
+    reconciler = JobReconciler(
+        CachedKube(api, cache),
+        cache.snapshot,
+        node_facts=cache.facts_of,
+        calls=calls,
+        retry_now=cache.take_retry,
+    )
     _TASKS.append(asyncio.create_task(RUNTIME.run(reconciler, cfg.resync_seconds, cfg.workers)))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol, cast
@@ -13,7 +14,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from verl_operator.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from verl_operator.controller.refused import refusal
+from verl_operator.controller.refused import name_taken, refusal
 from verl_operator.manifests.names import LABEL_JOB
 
 COMPONENT = "verl-operator"
@@ -66,10 +67,13 @@ class KubeAPI(Protocol):
         """Merge-patch the job's ``status`` (a None value removes the key)."""
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
-        """Create a child (Pod, ConfigMap, Service, PodGroup); False when it exists.
+        """Create a child (Pod, ConfigMap, Service, PodGroup); False when the job's own object exists.
 
         Raises:
             MissingAPIError: The kind is not served (a PodGroup without Volcano).
+            ChildRefused: The API server refuses the manifest for good.
+            ChildBlocked: The cluster refuses it now (a missing ServiceAccount or PriorityClass, a quota), or
+                an object the job does not own (by owner uid) has the name: it is never adopted.
         """
 
     def patch_configmap_data(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
@@ -155,7 +159,7 @@ class Kube:
                 raise ValueError(f"unsupported child kind {kind}")
         except ApiException as exc:
             if exc.status == 409:
-                return False
+                return self.exists_owned(manifest, exc)
             if exc.status == 404 and kind == "PodGroup":
                 raise MissingAPIError(
                     f"{manifest['apiVersion']} PodGroup is not served: is Volcano installed?"
@@ -165,6 +169,41 @@ class Kube:
                 raise refused from exc
             raise
         return True
+
+    def exists_owned(self, manifest: Mapping[str, Any], conflict: ApiException) -> bool:
+        """After a 409: False (it exists, nothing to do) when the object is the job's own.
+
+        Raises:
+            ChildBlocked: The name is taken by an object the job does not own (it is left alone).
+            ApiException: ``conflict`` again when the object is gone meanwhile (the next pass creates it).
+        """
+        existing = self.read_object(manifest)
+        if existing is None:
+            raise conflict
+        taken = name_taken(existing, manifest)
+        if taken is not None:
+            raise taken
+        return False
+
+    def read_object(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The object named like ``manifest`` (its metadata is enough), or None when it does not exist."""
+        ns, name, kind = manifest["metadata"]["namespace"], manifest["metadata"]["name"], manifest["kind"]
+        reads = {
+            "Pod": self.core.read_namespaced_pod,
+            "ConfigMap": self.core.read_namespaced_config_map,
+            "Service": self.core.read_namespaced_service,
+            "ServiceAccount": self.core.read_namespaced_service_account,
+        }
+        try:
+            if kind in reads:
+                return response_json(reads[kind](name, ns, _preload_content=False))
+            group, version = str(manifest["apiVersion"]).split("/")
+            obj = self.custom.get_namespaced_custom_object(group, version, ns, "podgroups", name)
+            return cast(dict[str, Any], obj)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """The ConfigMap's data, or None when it does not exist."""
@@ -218,3 +257,40 @@ class Kube:
         }
         with contextlib.suppress(ApiException):  # an event is best effort: never fail a reconcile for it
             drained(self.core.create_namespaced_event(meta["namespace"], body, _preload_content=False))
+
+
+#: The API group Kueue serves its queues from (``spec.scheduling.queueName`` hands the job to it).
+KUEUE_GROUP = "kueue.x-k8s.io"
+#: Seconds a discovery answer is reused (admission asks on every review that sets a queue).
+DISCOVERY_SECONDS = 30.0
+_SERVED: dict[str, tuple[float, bool]] = {}
+
+
+def group_served(api: client.ApiClient, group: str, now: float | None = None) -> bool | None:
+    """Whether the API server serves the API group ``group`` (its CRDs are installed), from discovery.
+
+    A served group is remembered :data:`DISCOVERY_SECONDS`; None when discovery itself failed (the caller
+    decides: admission then does not deny).
+    """
+    stamp = time.monotonic() if now is None else now
+    kept = _SERVED.get(group)
+    if kept is not None and stamp - kept[0] < DISCOVERY_SECONDS:
+        return kept[1]
+    try:
+        groups = client.ApisApi(api).get_api_versions()
+    except (ApiException, OSError):
+        return None
+    served = any(g.name == group for g in groups.groups or [])
+    if served:  # a group not served is asked again next time: it may be installed any moment
+        _SERVED[group] = (stamp, served)
+    return served
+
+
+def kueue_problems(api: client.ApiClient, queue_name: str | None) -> list[str]:
+    """The admission problem of a job handed to Kueue when Kueue is not installed (else none)."""
+    if queue_name is None or group_served(api, KUEUE_GROUP) is not False:
+        return []
+    return [
+        f"spec.scheduling.queueName: {queue_name!r} hands the job to Kueue, but Kueue is not installed "
+        f"(the API server serves no {KUEUE_GROUP} API group); unset queueName to let the operator place it"
+    ]

@@ -7,6 +7,7 @@ for Kueue and Volcano the placement records the hand-off and the pods carry no n
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,8 @@ from verl_operator.controller.status import mesh_string
 from verl_operator.manifests import LaunchPlan, build_children
 from verl_operator.placement import PlacementRequest, place, request_from_plan
 from verl_operator.planner import plan_job
+from verl_operator.planner.overrides import format_value
+from verl_operator.planner.resolve import resolve
 
 HANDOFF: dict[str, Handoff] = {"kueue": "Kueue", "volcano": "Volcano"}
 
@@ -108,6 +111,88 @@ def _request_today(waiting: Waiting, snapshot: Snapshot) -> PlacementRequest | N
     return request_from_plan(result.plan, waiting.spec) if result.plan is not None else None
 
 
+#: An override of the plan longer than this is written to status as its key, length and hash only.
+STATUS_OVERRIDE_CHARS = 200
+#: The one status entry that stands for the user's pass-through overrides: their count and hash.
+PASSTHROUGH_MARK = "#passthrough"
+#: The value of a long planner override in status.
+ELIDED_MARK = "#elided"
+
+
+def _digest(entries: Sequence[str]) -> str:
+    return hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
+
+
+def _passthrough(spec: VerlJobSpec) -> list[str]:
+    """The user's overrides the planner passes through, as the plan's override list ends with them."""
+    resolved = resolve(spec)
+    return [] if isinstance(resolved, list) else [ov.raw.strip() for ov in resolved.passthrough]
+
+
+def status_plan(plan: Plan, spec: VerlJobSpec) -> Plan:
+    """The plan as ``status`` keeps it: bounded whatever the spec (etcd takes objects up to 1.5 MB).
+
+    The planner's own overrides stay (a long one, such as ``data.train_files`` with many paths, becomes
+    ``key=#elided chars=N sha256=H``); the user's pass-through overrides become one entry
+    ``#passthrough count=N sha256=H``. :func:`launch_overrides` gives the full list back from the spec: the
+    launch ConfigMap carries it, the status never repeats user input.
+    """
+    tail = _passthrough(spec) if spec.overrides else []
+    full = list(plan.overrides)
+    if tail and full[len(full) - len(tail) :] != tail:
+        tail = []  # not the plan of this spec: its pass-through is not known, keep the list as it is
+    emitted = full[: len(full) - len(tail)]
+    out = [
+        e
+        if len(e) <= STATUS_OVERRIDE_CHARS
+        else f"{e.split('=', 1)[0]}={ELIDED_MARK} chars={len(e)} sha256={_digest([e])}"
+        for e in emitted
+    ]
+    if tail:
+        out.append(f"{PASSTHROUGH_MARK} count={len(tail)} sha256={_digest(tail)}")
+    return plan if out == full else plan.model_copy(update={"overrides": out})
+
+
+def _emitted_candidates(spec: VerlJobSpec) -> list[str]:
+    """What the planner emits from the user's own strings (paths), for an elided status entry."""
+    resolved = resolve(spec)
+    if isinstance(resolved, list):
+        return []
+    out = [f"actor_rollout_ref.model.path={format_value(resolved.model_path)}"]
+    if resolved.critic_model_path:
+        out.append(f"critic.model.path={format_value(resolved.critic_model_path)}")
+    pins = resolved.problem.pins
+    for key in ("train_files", "val_files"):
+        if key in pins:
+            out.append(f"data.{key}={format_value(pins[key].value)}")
+    return out
+
+
+def launch_overrides(plan: Plan, spec: VerlJobSpec) -> list[str]:
+    """The full override list of a plan read from status (:func:`status_plan`), from the job's spec.
+
+    An elided entry is the candidate of the spec with the same key whose hash matches (or, the spec changed
+    since the plan, the spec's value of that key); the pass-through entry is the spec's pass-through list.
+    """
+    entries = list(plan.overrides)
+    if not any(e.startswith(PASSTHROUGH_MARK) or f"={ELIDED_MARK} " in e for e in entries):
+        return entries
+    candidates = _emitted_candidates(spec)
+    out: list[str] = []
+    for entry in entries:
+        if entry.startswith(PASSTHROUGH_MARK):
+            out += _passthrough(spec)
+            continue
+        key, _, value = entry.partition("=")
+        if not value.startswith(f"{ELIDED_MARK} "):
+            out.append(entry)
+            continue
+        same_key = [c for c in candidates if c.split("=", 1)[0] == key]
+        match = [c for c in same_key if value.endswith(f"sha256={_digest([c])}")]
+        out.append((match or same_key or [entry])[0])
+    return out
+
+
 def children_of(
     job: Mapping[str, Any], spec: VerlJobSpec, status: VerlJobStatus, launcher_image: str | None = None
 ) -> list[dict[str, Any]]:
@@ -121,5 +206,6 @@ def children_of(
     """
     if status.plan is None or status.placement is None:
         raise ValueError("the job has no plan and placement to build children from")
-    launch = LaunchPlan.from_plan(status.plan, spec, status.placement.nodes, launcher_image)
+    plan = status.plan.model_copy(update={"overrides": launch_overrides(status.plan, spec)})
+    launch = LaunchPlan.from_plan(plan, spec, status.placement.nodes, launcher_image)
     return build_children(job, spec, launch, status.attempt)

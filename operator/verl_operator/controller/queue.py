@@ -1,7 +1,7 @@
 """Queue order, pure: which waiting jobs come before a job, and what they hold for themselves.
 
 The queue is every VerlJob that waits to be placed by the operator (phase ``Pending``, no placement, not
-suspended, not handed to Kueue or Volcano), with its plan, or without one when today's nodes cannot host it
+suspended, not handed to Kueue or Volcano, not waiting for an object that keeps its pods from being created), with its plan, or without one when today's nodes cannot host it
 (it is planned again whenever a job behind it is placed). Its order is the *rank*: the value of the
 PriorityClass named by ``spec.scheduling.priorityClassName`` (higher first; no name: the value of the
 ``globalDefault`` PriorityClass, else 0; a name that does not exist: 0), then ``metadata.creationTimestamp``
@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.api.status import parse_status
+from verl_operator.controller.refused import BLOCKED_REASONS
 from verl_operator.placement import NodeCapacity, PlacementRequest, place, request_from_plan
 from verl_operator.placement.search import screen_node
 
@@ -94,6 +95,8 @@ def waiting_entry(job: Mapping[str, Any]) -> Waiting | None:
     meta = job.get("metadata") or {}
     raw = job.get("status") or {}
     if meta.get("deletionTimestamp") or raw.get("phase") != "Pending" or raw.get("placement"):
+        return None
+    if raw.get("reason") in BLOCKED_REASONS:  # its pods cannot be created now: it keeps no GPUs from others
         return None
     try:
         spec = VerlJobSpec.model_validate(job.get("spec") or {})

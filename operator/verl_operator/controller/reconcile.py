@@ -14,19 +14,21 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
+from dataclasses import replace
 from typing import Any
 
 from verl_operator.api.status import VerlJobStatus, parse_status
 from verl_operator.controller import config, metrics
 from verl_operator.controller.decide import (
     Observed,
+    children_blocked,
     children_refused,
     decide,
     release_orphans,
     scheduler_unavailable,
 )
 from verl_operator.controller.kube import KubeAPI, MissingAPIError
-from verl_operator.controller.refused import ChildRefused
+from verl_operator.controller.refused import ChildBlocked, ChildRefused
 from verl_operator.controller.snapshot import Reservations, Snapshot
 from verl_operator.controller.status import merge_patch
 from verl_operator.controller.transition import Transition
@@ -57,6 +59,8 @@ class JobReconciler:
         node_facts: One node's facts from the node watch, None when it is gone (default: from a snapshot).
         calls: Threads for the pod creates and gate removals of one pass, made at once (each is its own API
             round trip); None makes them one after the other, in order.
+        retry_now: True once for a job whose pods could not be created when something that may have been
+            in their way changed (a PriorityClass): it is tried at once instead of at its retry time.
     """
 
     def __init__(
@@ -66,8 +70,10 @@ class JobReconciler:
         clock: Callable[[], float] = time.time,
         node_facts: Callable[[str], NodeFacts | None] | None = None,
         calls: Executor | None = None,
+        retry_now: Callable[[str, str], bool] | None = None,
     ) -> None:
         self.calls = calls
+        self.retry_now = retry_now or (lambda namespace, name: False)
         self.kube = kube
         self.snapshot = snapshot
         self.clock = clock
@@ -106,6 +112,7 @@ class JobReconciler:
         """
         launcher_image = config.current().launcher_image
         uid = str(job["metadata"]["uid"])
+        retry = snap is None and self.retry_now(namespace, str(job["metadata"]["name"]))
         ensured: set[tuple[str, str]] = set()  # children this pass created or found: not posted again
         for _ in range(2):  # the second decision sees the pods the first one created
             with self.placement_lock if snap is None else contextlib.nullcontext():
@@ -114,7 +121,15 @@ class JobReconciler:
                     self.reservations.merged(view.reservations, view.live_uids) if view is not EMPTY else []
                 )
                 seen = Observed(
-                    job, status, pods, view, reserved, self.clock(), launcher_image, dict(node_states or {})
+                    job,
+                    status,
+                    pods,
+                    view,
+                    reserved,
+                    self.clock(),
+                    launcher_image,
+                    dict(node_states or {}),
+                    retry_now=retry,
                 )
                 transition = decide(seen)
                 if snap is None and transition.reserve is not None:
@@ -126,7 +141,12 @@ class JobReconciler:
                 return
             except ChildRefused as exc:
                 log.warning("%s/%s: %s", namespace, job["metadata"]["name"], exc)
-                self.apply(namespace, job, status, children_refused(seen, exc))
+                # the pods this pass created before the refusal are the attempt's too: list them again
+                seen = replace(seen, pods=self.kube.job_pods(namespace, job["metadata"]["name"]))
+                if isinstance(exc, ChildBlocked):
+                    self.apply(namespace, job, status, children_blocked(seen, exc))
+                else:
+                    self.apply(namespace, job, status, children_refused(seen, exc))
                 return
             if not transition.recheck:
                 return
@@ -179,7 +199,12 @@ class JobReconciler:
         if t.status is not None:
             patch = merge_patch(old.to_wire(), t.status.to_wire())
             if patch:
-                self.kube.patch_status(ns, name, patch)
+                try:
+                    self.kube.patch_status(ns, name, patch)
+                except Exception:
+                    if t.reserve is not None:  # the placement was not recorded: it reserves nothing
+                        self.reservations.decided.pop(uid, None)
+                    raise
         if t.event is not None:
             self.kube.event(job, t.event.type, t.event.reason, t.event.message)
         if t.delete_job:

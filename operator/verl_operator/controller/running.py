@@ -161,6 +161,9 @@ def _create(
     text = f"{len(wanted)} Ray pods created and released together"
     placement = seen.status.placement.model_copy(update={"ungated": True})
     new = _advance(seen, "Starting", "PodsCreated", text, changes={"placement": placement})
+    if new.condition("PodsCreatable") is not None:  # what kept the pods from being created has gone
+        kept = [c for c in new.conditions if c.type != "PodsCreatable"]
+        new = new.model_copy(update={"conditions": kept})
     event = Event("Normal", "PodsCreated", text)
     return Transition(
         status=new, event=on_change(seen.status, new, event), create=missing, delete=stale, ungate=gated

@@ -1,8 +1,8 @@
 """The reconcile loop: an event-driven, de-duplicating work queue of jobs with a few workers and timers.
 
 A job is queued when its object or one of its pods changes, when capacity it may be waiting for appears (a Node
-fact changes, GPUs are freed), when its TTL or active deadline comes due (a scheduled wake-up), and at the
-safety resync (every job, every ``resync`` seconds; minutes by default). Nothing is polled.
+fact changes, GPUs are freed), when its TTL or active deadline comes due (a scheduled wake-up), when the retry
+of a job whose pods could not be created comes due (or a PriorityClass changes), and at the safety resync (every job, every ``resync`` seconds; minutes by default). Nothing is polled.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 
 from verl_operator.controller import metrics
 from verl_operator.controller.cache import JobKey, WatchCache
+from verl_operator.controller.decide import blocked_retry_due
 from verl_operator.controller.reconcile import JobReconciler
 from verl_operator.controller.timers import next_due
 
@@ -68,6 +69,11 @@ class Runtime:
         for key in self.cache.waiting_for_capacity():
             self.enqueue(key)
 
+    def retry_blocked(self) -> None:
+        """Something that may keep jobs' pods from being created changed: try those jobs at once."""
+        for key in self.cache.retry_blocked():
+            self.enqueue(key)
+
     def schedule(self, key: JobKey, epoch: float) -> None:
         """Queue the job at ``epoch`` (seconds since the epoch); a time already past is not scheduled again.
 
@@ -91,7 +97,8 @@ class Runtime:
         finally:
             self.running.discard(key)
             job = self.cache.job(ns, name)
-            due = next_due(job) if job is not None else None
+            dues = [next_due(job), blocked_retry_due(job)] if job is not None else []
+            due = min((d for d in dues if d is not None), default=None)
             if due is not None:
                 self.schedule(key, due)
             if key in self.again:

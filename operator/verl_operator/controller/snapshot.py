@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl_operator.controller.queue import NO_PRIORITIES, Priorities, Waiting
+from verl_operator.manifests.children import KUEUE_QUEUE_LABEL
 from verl_operator.manifests.names import ANNOTATION_NODE, LABEL_JOB
 from verl_operator.placement import NodeCapacity
 from verl_operator.planner.facts import NodeFacts, node_facts
@@ -45,7 +46,9 @@ def pod_usage_entry(pod: Mapping[str, Any]) -> tuple[str, str, int, str | None] 
     """``(node, pod uid, gpus, "<namespace>/<job>")`` for a live pod holding GPUs on a node, else None.
 
     A pod counts on its bound node (``spec.nodeName``) or, while still gated, on the node the operator pinned
-    it to (annotation ``verl-operator.io/node``).
+    it to (annotation ``verl-operator.io/node``). A VerlJob's pod handed to another scheduler (Kueue's queue
+    label, Volcano's ``schedulerName``) has no job key: no reservation of the operator stands for its GPUs,
+    so it counts like any other pod once bound (a pending one has no node to count on).
     """
     status = pod.get("status") or {}
     if status.get("phase") in TERMINAL_POD_PHASES:
@@ -55,8 +58,10 @@ def pod_usage_entry(pod: Mapping[str, Any]) -> tuple[str, str, int, str | None] 
     node = (pod.get("spec") or {}).get("nodeName") or (meta.get("annotations") or {}).get(ANNOTATION_NODE)
     if not gpus or not node:
         return None
-    job = (meta.get("labels") or {}).get(LABEL_JOB)
-    key = f"{meta.get('namespace', '')}/{job}" if job else None
+    labels = meta.get("labels") or {}
+    job = labels.get(LABEL_JOB)
+    handed_off = KUEUE_QUEUE_LABEL in labels or (pod.get("spec") or {}).get("schedulerName") == "volcano"
+    key = f"{meta.get('namespace', '')}/{job}" if job and not handed_off else None
     return str(node), str(meta.get("uid", "")), gpus, key
 
 
