@@ -283,3 +283,42 @@ def test_the_status_of_a_job_with_huge_user_input_stays_small(
     launch = json.loads(core.read_namespaced_config_map("huge-launch", namespace).data["launch.json"])
     assert launch["overrides"][-256:] == [o for o in body["spec"]["overrides"]]
     assert any(o.startswith("data.train_files=") and len(o) > 120_000 for o in launch["overrides"])
+
+
+def test_objects_lost_after_admission_block_the_job_until_they_are_back(
+    operator: LocalOperator, kube: client.ApiClient, kubectl: Any, namespace: str
+) -> None:
+    """A suspended job whose ServiceAccount is deleted, then resumed; a waiting job patched to a PriorityClass
+    that does not exist: each is Pending naming the object once it is placed, and runs when it is back."""
+    jobs, core = Jobs(kube, kubectl, namespace), client.CoreV1Api(kube)
+    scheduling = client.SchedulingV1Api(kube)
+    later = f"later-{os.urandom(3).hex()}"
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "runner"}})
+    jobs.apply(small("resumed", suspend=True, security={"serviceAccountName": "runner"}))
+    jobs.wait("resumed", "Suspended")
+    core.delete_namespaced_service_account("runner", namespace)
+    jobs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "resumed", {"spec": {"suspend": False}}
+    )
+    status = jobs.wait("resumed", "Pending", "ServiceAccountNotFound")
+    assert f"ServiceAccount {namespace}/runner does not exist" in status["message"]
+    # Both H100 nodes are busy (the hog and the first job's retries free one of them): "waiting" waits.
+    jobs.apply(small("hog", gpus=8))
+    jobs.wait("hog", "Running")
+    jobs.apply(small("waiting", gpus=16))
+    jobs.wait("waiting", "Pending", "InsufficientCapacity")
+    jobs.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "waiting", {"spec": {"scheduling": {"priorityClassName": later}}}
+    )
+    jobs.delete("hog")
+    try:
+        status = jobs.wait("waiting", "Pending", "PriorityClassNotFound")
+        assert f"PriorityClass {later} does not exist" in status["message"] and "placement" not in status
+        scheduling.create_priority_class({"metadata": {"name": later}, "value": 10})
+        jobs.wait("waiting", "Running")  # at once: the PriorityClass event retries it
+        jobs.delete("waiting")
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": "runner"}})
+        jobs.wait("resumed", "Running")
+    finally:
+        with contextlib.suppress(client.ApiException):
+            scheduling.delete_priority_class(later)

@@ -55,3 +55,48 @@ def test_review_job_admits_an_unchanged_update_without_planning() -> None:
     review = _review(spec, "UPDATE")
     review["request"]["oldObject"] = review["request"]["object"]
     assert handlers.review_job(review)["response"]["allowed"] is True
+
+
+def test_deleting_a_job_wakes_the_queue_even_when_its_status_never_showed_a_placement() -> None:
+    """A job whose status write failed (too large for etcd) has no status, but this process may have held
+    GPUs for it: its deletion wakes every waiting job all the same."""
+    import asyncio
+
+    from verl_operator.controller.runtime import RUNTIME
+
+    waiting = {
+        "metadata": {"name": "waits", "namespace": "team", "uid": "u-w", "resourceVersion": "5"},
+        "spec": {},
+        "status": {"phase": "Pending"},
+    }
+    RUNTIME.cache.put_job(waiting)
+    RUNTIME.pending.discard(("team", "waits"))
+    try:
+        asyncio.run(handlers.job_event(type="DELETED", namespace="team", name="never-had-a-status"))
+        assert ("team", "waits") in RUNTIME.pending
+    finally:
+        RUNTIME.cache.drop_job(("team", "waits"))
+        RUNTIME.pending.clear()
+
+
+def test_queue_name_needs_kueue_installed(monkeypatch: Any) -> None:
+    from verl_operator.controller import kube
+
+    served: dict[str, bool | None] = {"answer": False}
+    monkeypatch.setattr(kube, "group_served", lambda api, group: served["answer"])
+    denied = kube.kueue_problems(object(), "gpu-queue")  # type: ignore[arg-type]
+    assert len(denied) == 1 and denied[0].startswith("spec.scheduling.queueName: 'gpu-queue'")
+    assert "Kueue is not installed" in denied[0] and kube.KUEUE_GROUP in denied[0]
+    assert kube.kueue_problems(object(), None) == []  # type: ignore[arg-type]
+    for answer in (True, None):  # installed; discovery failed (admission does not deny for that)
+        served["answer"] = answer
+        assert kube.kueue_problems(object(), "gpu-queue") == []  # type: ignore[arg-type]
+    # Looked up on a create that sets a queue and on an update that sets another one only.
+    changed = handlers._queue_changed
+    assert changed("q", None) and not changed(None, None)
+    assert not changed("q", {"scheduling": {"queueName": "q"}}) and changed(
+        "r", {"scheduling": {"queueName": "q"}}
+    )
+    assert changed("q", {"scheduling": "not a mapping"}) and not changed(
+        None, {"scheduling": {"queueName": "q"}}
+    )
