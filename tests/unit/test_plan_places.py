@@ -19,6 +19,7 @@ from verl_operator.api.spec import VerlJobSpec
 from verl_operator.commands.plan import load_nodes
 from verl_operator.commands.render import render
 from verl_operator.planner import plan_job
+from verl_operator.planner.facts import node_facts
 
 CLUSTERS = sorted((Path(__file__).parents[2] / "examples" / "clusters").glob("*.yaml"))
 MODELS = [
@@ -74,8 +75,9 @@ def test_a_feasible_plan_renders_one_pod_per_planned_node(cluster: Path) -> None
         assert set(placed) <= set(plan.candidate_nodes)
         by_name = {n["metadata"]["name"]: n for n in nodes}
         for pod, name in zip(pods, placed, strict=True):
-            label = by_name[name]["metadata"]["labels"].get("nvidia.com/gpu.product", "")
-            assert same_product(label, plan.node_pool.gpu_product)
+            # The product as the planner reads it (GFD's label without a suffix, or a cloud's label).
+            product = node_facts(by_name[name]).gpu_product
+            assert product and same_product(product, plan.node_pool.gpu_product)
             limits = pod["spec"]["containers"][0]["resources"]["limits"]
             assert int(limits["nvidia.com/gpu"]) == plan.gpus_per_node
 
