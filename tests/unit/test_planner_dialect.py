@@ -12,7 +12,7 @@ from conftest import make_nodes, make_spec
 from verl_operator.planner import plan_job, verl_keys
 from verl_operator.planner.budget import Budget, limited
 from verl_operator.planner.dialect import INPUT_KEYS, format_value
-from verl_operator.planner.overrides import Override, parse_override
+from verl_operator.planner.overrides import Override, parse_override, parse_overrides
 
 
 def overrides(version: str, **kw: Any) -> dict[str, str]:
@@ -408,3 +408,28 @@ def test_key_check_of_dict_values(raw: str, rule: str | None) -> None:
     assert [v.rule for v in verl_keys.key_violations([parse_override(raw)], "0.9")] == (
         [rule] if rule else []
     )
+
+
+@pytest.mark.parametrize(
+    ("raws", "rules"),
+    [
+        pytest.param(
+            [f"~{ARR}.actor.clip_ratio", f"{ARR}.actor={{clip_ratio:0.2}}"],
+            ["override-deleted-key"],
+            id="dict-after",
+        ),
+        pytest.param(
+            ["~trainer.v1", "trainer.v1.sync=True"], ["override-deleted-key"], id="below-a-deleted-node"
+        ),
+        pytest.param(["~trainer.v1", "~trainer.v1.sync"], ["override-deleted-key"], id="deleted-twice"),
+        pytest.param(
+            ["~trainer.v1", "+trainer.v1={sync:True}", "trainer.v1.sync=False"], [], id="added-again"
+        ),
+        pytest.param(
+            ["~trainer.total_epochs", "trainer.total_epochs=3"], [], id="set-again-replaces-the-deletion"
+        ),
+    ],
+)
+def test_key_check_follows_deletions_in_order(raws: list[str], rules: list[str]) -> None:
+    parsed, _, _ = parse_overrides(raws)
+    assert [v.rule for v in verl_keys.key_violations(parsed, "0.9")] == rules

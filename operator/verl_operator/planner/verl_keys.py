@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from verl_operator.planner import budget
-from verl_operator.planner.overrides import Override, Value
+from verl_operator.planner.overrides import Override, Value, shorten
 from verl_operator.planner.result import Violation
 
 _FILE = "verl-config-keys.json"
@@ -208,17 +208,29 @@ def _written(ov: Override) -> list[tuple[str, Value]]:
 
 
 def key_violations(overrides: Sequence[Override], version: str) -> list[Violation]:
-    """Overrides that Hydra's struct mode refuses for ``version``'s config (see the module docstring)."""
+    """Overrides that Hydra's struct mode refuses for ``version``'s config (see the module docstring), in
+    order: a key an earlier override deleted (``~key``, or a parent of it) is gone for the overrides after it.
+    """
     keys = known_keys(version)
     release = source_release(version)
     out: list[Violation] = []
+    deleted: dict[str, Override] = {}
     suggesting = MAX_SUGGESTED
+
+    def gone(key: str) -> Override | None:
+        parts = key.split(".")
+        return next((d for i in range(1, len(parts) + 1) if (d := deleted.get(".".join(parts[:i])))), None)
+
     for ov in overrides:
-        if ov.prefix == "++" or ov.key.startswith("hydra."):
+        if ov.key.startswith("hydra."):
             continue
-        present = ov.key in keys
-        if ov.prefix == "+":
-            if present and not isinstance(ov.value, dict | list):
+        if ov.prefix in ("+", "++"):
+            if (
+                ov.prefix == "+"
+                and ov.key in keys
+                and not gone(ov.key)
+                and not isinstance(ov.value, dict | list)
+            ):
                 out.append(
                     Violation(
                         field=ov.source,
@@ -227,9 +239,24 @@ def key_violations(overrides: Sequence[Override], version: str) -> list[Violatio
                         suggestions=[f"write {ov.key}={ov.text} (or ++{ov.key}={ov.text})"],
                     )
                 )
+            for d in [d for d in deleted if d == ov.key or d.startswith(ov.key + ".")]:
+                del deleted[d]  # added again
             continue
-        missing = [ov.key] if not present else [k for k, _ in _written(ov) if k not in keys]
-        for key in missing[:1]:
+        written = [ov.key] if ov.key not in keys else [k for k, _ in _written(ov) if k not in keys or gone(k)]
+        if ov.prefix == "~" and not written:
+            deleted[ov.key] = ov
+        for key in written[:1]:
+            earlier = gone(key)
+            if earlier is not None:
+                out.append(
+                    Violation(
+                        field=ov.source,
+                        rule="override-deleted-key",
+                        message=f"{key} was deleted by {earlier.source}, so Hydra cannot set or delete it after that",
+                        suggestions=[f"drop {shorten(earlier.raw)!r}, or write ++{ov.key}=..."],
+                    )
+                )
+                continue
             similar_keys: list[str] = []
             if suggesting > 0:
                 suggesting -= 1
