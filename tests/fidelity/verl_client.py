@@ -34,6 +34,8 @@ class CheckResult:
         stage: The check that failed, or the last one run.
         error_type: The exception class verl raised (``AssertionError``, ``ValueError``...), or None.
         error: verl's message, or None.
+        values: The composed config's values of the request's ``read_keys`` (None: none asked, or the
+            composition failed).
     """
 
     id: str
@@ -41,6 +43,7 @@ class CheckResult:
     stage: str
     error_type: str | None
     error: str | None
+    values: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +58,7 @@ class CheckRequest:
         verify_compose: Also run Hydra's full ``compose`` and fail if the runner's shortcut differs.
         fill_model_paths: Add the actor's and the critic's ``model.path`` when the overrides lack them; off,
             a missing path keeps verl's default (which names no local folder, so a critic built from it fails).
+        read_keys: Keys whose composed values come back in ``CheckResult.values``.
     """
 
     id: str
@@ -63,6 +67,7 @@ class CheckRequest:
     model_shape: dict[str, Any] | None = None
     verify_compose: bool = False
     fill_model_paths: bool = True
+    read_keys: tuple[str, ...] = ()
 
     def to_json(self, version: str) -> dict[str, Any]:
         """The runner's request object."""
@@ -73,6 +78,8 @@ class CheckRequest:
             "verifyCompose": self.verify_compose,
             "fillModelPaths": self.fill_model_paths,
         }
+        if self.read_keys:
+            body["readKeys"] = list(self.read_keys)
         if self.argv:
             body["argv"] = list(self.argv)
         else:

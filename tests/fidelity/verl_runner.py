@@ -10,10 +10,13 @@ stderr. A request is::
      "argv": ["python3", "-m", "verl.trainer.main_ppo", ...],  # instead of overrides: a whole command
      "modelShape": {"layers": 24, "hiddenSize": 896, ...},    # VerlJob spec.model.shape (camelCase)
      "verifyCompose": false,                   # also run Hydra's full compose and compare (see _compose)
-     "fillModelPaths": true}                   # add the actor's / critic's model.path when missing
+     "fillModelPaths": true,                   # add the actor's / critic's model.path when missing
+     "readKeys": ["trainer.nnodes", ...]}      # optional: report these keys of the composed config
 
 and a result is ``{"id", "ok", "stage", "error_type", "error"}``; ``stage`` names the check that failed
-(or the last one run when ``ok``).
+(or the last one run when ``ok``). With ``readKeys``, a result whose composition succeeded also carries
+``"values": {key: value}`` (the composed config's value as it holds it, interpolations unresolved;
+``"<absent>"`` where the key does not exist), read before the later checks run.
 
 The checks, in the order ``verl.trainer.main_ppo`` meets them:
 
@@ -424,6 +427,7 @@ class Checker:
     def check(self, request: dict[str, Any]) -> dict[str, Any]:
         """Run every stage on one request; return its result object."""
         stage = "parse"
+        values: dict[str, Any] | None = None
         try:
             expected = request.get("version")
             if expected and not self.version.startswith(str(expected)):
@@ -434,6 +438,7 @@ class Checker:
             stage = "compose"
             localised = self._localise(overrides, model_dir, bool(request.get("fillModelPaths", True)))
             config = self._compose(config_name, localised, bool(request.get("verifyCompose")))
+            values = _read_keys(config, request.get("readKeys") or [])
             stage = "validate_config"
             use_ref, use_critic = self._validate_config(config)
             stage = "dataclass"
@@ -444,10 +449,38 @@ class Checker:
             stage = "monkey_patch"
             self._worker_patches(config, use_ref, use_critic, model_dir)
         except CheckFailed as failed:
-            return _result(request, failed.stage, failed.error)
+            return _with_values(_result(request, failed.stage, failed.error), values)
         except Exception as exc:
-            return _result(request, stage, exc)
-        return {"id": request.get("id"), "ok": True, "stage": "all", "error_type": None, "error": None}
+            return _with_values(_result(request, stage, exc), values)
+        ok = {"id": request.get("id"), "ok": True, "stage": "all", "error_type": None, "error": None}
+        return _with_values(ok, values)
+
+
+ABSENT = "<absent>"
+
+
+def _read_keys(config: Any, keys: list[str]) -> dict[str, Any] | None:
+    """The composed values of ``keys`` as the config holds them (interpolations unresolved, nodes as plain
+    containers; ``ABSENT`` for a key the config does not have)."""
+    if not keys:
+        return None
+    from omegaconf import OmegaConf
+
+    parents: dict[str, Any] = {}
+    out: dict[str, Any] = {}
+    for key in keys:
+        parent, _, leaf = key.rpartition(".")
+        if parent not in parents:
+            node = OmegaConf.select(config, parent) if parent else config
+            parents[parent] = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_dict(node) else {}
+        out[key] = parents[parent].get(leaf, ABSENT)
+    return out
+
+
+def _with_values(result: dict[str, Any], values: dict[str, Any] | None) -> dict[str, Any]:
+    if values is not None:
+        result["values"] = values
+    return result
 
 
 def _result(request: dict[str, Any], stage: str, error: BaseException) -> dict[str, Any]:
