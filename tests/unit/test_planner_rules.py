@@ -315,3 +315,21 @@ def test_nvlink_suggestion_is_the_largest_group_that_fits() -> None:
     [v] = rules.nvlink_groups(problem(nvlink_required=True, nvlink_domain=4), settings(rollout_tp=8))
     assert v.suggestions[0] == "use rollout tensorParallelSize 4"
     assert "NVLink domain of 4 GPUs" in v.message
+
+
+def test_a_token_budget_too_small_is_said_once_with_a_spec_field() -> None:
+    """An unpinned log-prob budget follows the actor's: one violation, named by the spec's field, and the
+    suggestion in the same words (not the planner's internal input names)."""
+    from conftest import make_nodes, make_spec
+
+    from verl_operator.planner import plan_job
+
+    spec = make_spec(
+        gpus=1,
+        model="Qwen/Qwen2.5-0.5B-Instruct",
+        batching={"dynamicBatchSize": True, "maxTokenLenPerGpu": 1},
+    )
+    result = plan_job(spec, make_nodes(1))
+    budget = [v for v in result.violations if v.rule == "dynamic-token-budget"]
+    assert [v.field for v in budget] == ["spec.batching.maxTokenLenPerGpu"]
+    assert budget[0].suggestions[0].startswith("use maxTokenLenPerGpu >= ")

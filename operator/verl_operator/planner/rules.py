@@ -275,10 +275,17 @@ def dynamic_token_budget(p: Problem, s: Settings) -> list[Violation]:
     for name, budget in budgets:
         if name.startswith("critic"):
             sp = p.critic_sequence_parallel_size
+        if (
+            name == "log_prob_max_token_len_per_gpu"
+            and not p.pinned(name)
+            and budget == s.max_token_len_per_gpu
+        ):
+            continue  # follows the actor's budget: the actor's violation says it
+        field = _budget_field(p, name)
         if budget is None:
             out.append(
                 Violation(
-                    field=_field(p, name),
+                    field=field,
                     rule="dynamic-token-budget",
                     message="dynamicBatchSize needs a token budget per GPU",
                     suggestions=[f"set maxTokenLenPerGpu >= {-(-2 * need // sp)}"],
@@ -287,18 +294,40 @@ def dynamic_token_budget(p: Problem, s: Settings) -> list[Violation]:
         elif budget * sp < need:
             out.append(
                 Violation(
-                    field=_field(p, name),
+                    field=field,
                     rule="dynamic-token-budget",
                     message=(
                         f"token budget {budget} x SP {sp} = {budget * sp} is below one sequence of "
                         f"{p.max_prompt_length} + {p.max_response_length} = {need} tokens"
                     ),
                     suggestions=[
-                        f"use {name} >= {-(-need // sp)} (verl's docs advise >= {-(-2 * need // sp)})"
+                        f"use {_setting_name(field)} >= {-(-need // sp)} "
+                        f"(verl's docs advise >= {-(-2 * need // sp)})"
                     ],
                 )
             )
     return out
+
+
+#: verl's keys of the token budgets that have no spec field of their own.
+_BUDGET_KEYS = {
+    "log_prob_max_token_len_per_gpu": "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+    "critic_max_token_len_per_gpu": "critic.ppo_max_token_len_per_gpu",
+}
+
+
+def _budget_field(p: Problem, name: str) -> str:
+    """Where a token budget comes from: the pin's field, the spec's, or the override that would set it."""
+    if p.pinned(name) or name in SPEC_PATHS:
+        return _field(p, name)
+    return f"spec.overrides ({_BUDGET_KEYS.get(name, name)})"
+
+
+def _setting_name(field: str) -> str:
+    """The name a suggestion uses for a field: the verl key of an override, else the spec field's last part."""
+    if field.startswith("spec.overrides"):
+        return field.rsplit("(", 1)[-1].split(",")[0].rstrip(")")
+    return field.rsplit(".", 1)[-1]
 
 
 def sp_remove_padding(p: Problem, s: Settings) -> list[Violation]:
