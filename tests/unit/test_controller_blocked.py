@@ -19,7 +19,11 @@ from test_controller_transitions import HEAD, NAME, NS, SPEC, UID, WORKER, World
 
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.api.status import parse_status
-from verl_operator.controller.decide import BLOCKED_RETRY_SECONDS, blocked_retry_due
+from verl_operator.controller.decide import (
+    BLOCKED_RETRY_MAX_SECONDS,
+    BLOCKED_RETRY_SECONDS,
+    blocked_retry_due,
+)
 from verl_operator.controller.pipeline import (
     PASSTHROUGH_MARK,
     children_of,
@@ -90,7 +94,7 @@ def test_a_create_refusal_is_read_as_final_blocked_or_retryable(
     assert isinstance(got, ChildBlocked) is (verdict == "blocked")
     if isinstance(got, ChildBlocked):
         assert (got.reason, got.blocker) == (reason, blocker)
-        assert blocker in got.summary() and message in got.summary()
+        assert got.summary().startswith(f"{blocker} ") and got.api_message == message
 
 
 def owned(uid: str) -> dict[str, Any]:
@@ -238,6 +242,23 @@ def test_the_runtime_wakes_a_blocked_job_when_its_retry_is_due() -> None:
     assert blocked_retry_due(world.job() or {}) is None
 
 
+def test_the_retries_of_a_blocked_job_back_off_to_a_minute() -> None:
+    world = blocked_world()
+    waits = []
+    for _ in range(7):
+        due = blocked_retry_due(world.job() or {})
+        assert due is not None
+        waits.append(due - 1.0 - world.now)  # the runtime wakes it a second after it is due
+        world.now = due - 1.0
+        world.reconcile()  # placed again
+        world.reconcile()  # blocked again
+    assert waits == [10.0, 10.0, 20.0, 40.0, 60.0, 60.0, 60.0]
+    assert (
+        BLOCKED_RETRY_MAX_SECONDS == 60.0 and f"tried again in {waits[-1]:.0f}s" in world.status()["message"]
+    )
+    assert [r for _, r, _ in world.kube.events].count("ServiceAccountNotFound") == 1
+
+
 def test_a_name_taken_job_runs_once_the_other_object_is_gone() -> None:
     world = World()
     FOREIGN_HEAD(world)
@@ -345,3 +366,20 @@ def test_the_status_stays_small_and_the_launch_gets_every_override(spec: dict[st
     children = children_of(world.job() or {}, parsed, status)
     assert any(c["kind"] == "ConfigMap" for c in children)
     assert {HEAD, WORKER} <= set(world.kube.pods())
+
+
+def test_the_status_of_an_invalid_spec_with_huge_user_input_stays_small() -> None:
+    """Without a webhook, 256 unknown override keys of 2,000 characters: ``Invalid`` with the first violations,
+    each bounded, and a count of the others."""
+    world = World()
+    world.submit({**SPEC, "overrides": [f"trainer.unknown_{i}=" + "z" * 1980 for i in range(256)]})
+    world.reconcile()
+    status = world.status()
+    assert (status["phase"], status["reason"]) == ("Invalid", "PlanInfeasible")
+    assert len(json.dumps(status)) < 8192, len(json.dumps(status))
+    assert status["violations"][0]["field"].startswith("spec.overrides[0]")
+    assert (
+        status["violations"][-1]["rule"] == "more-violations"
+        and "252 more" in status["violations"][-1]["message"]
+    )
+    assert "more characters)" in status["message"]

@@ -143,24 +143,33 @@ def children_refused(seen: Observed, exc: ChildRefused) -> Transition:
     return Transition(status=new, event=event, delete=doomed, unreserve=True)
 
 
-#: Seconds a job whose pods could not be created waits before it is placed and tried again (sooner when a
-#: PriorityClass or its spec changes).
+#: Seconds a job whose pods could not be created waits before it is placed and tried again the first time;
+#: each later wait is as long as the job has been blocked so far (so it doubles), at most the maximum. A
+#: PriorityClass change or a spec change tries it at once.
 BLOCKED_RETRY_SECONDS = 10.0
+BLOCKED_RETRY_MAX_SECONDS = 60.0
 #: The condition that names what keeps a job's pods from being created (removed once they all exist).
 CREATABLE = "PodsCreatable"
 
 
+def retry_delay(first: float | None, last: float) -> float:
+    """The wait after a block at ``last`` of a job blocked since ``first`` (the backoff of the module)."""
+    blocked_for = last - first if first is not None else 0.0
+    return min(BLOCKED_RETRY_MAX_SECONDS, max(BLOCKED_RETRY_SECONDS, blocked_for))
+
+
 def blocked_until(status: VerlJobStatus, generation: int) -> float | None:
-    """When a job whose pods could not be created (:func:`children_blocked`) is tried again: its ``Placed``
-    condition's transition time plus :data:`BLOCKED_RETRY_SECONDS`; None when it is not waiting so (or its
-    spec changed since: then it is tried at once)."""
+    """When a job whose pods could not be created (:func:`children_blocked`) is tried again: the time of its
+    last block (its ``Placed`` condition's transition) plus :func:`retry_delay`; None when it is not waiting
+    so (or its spec changed since: then it is tried at once)."""
     if status.phase != "Pending" or status.reason not in BLOCKED_REASONS:
         return None
     if status.observed_generation != generation:
         return None
-    placed = status.condition("Placed")
-    since = parse_time(placed.last_transition_time) if placed is not None else None
-    return (since or 0.0) + BLOCKED_RETRY_SECONDS
+    placed, creatable = status.condition("Placed"), status.condition(CREATABLE)
+    last = (parse_time(placed.last_transition_time) if placed is not None else None) or 0.0
+    first = parse_time(creatable.last_transition_time) if creatable is not None else None
+    return last + retry_delay(first, last)
 
 
 def blocked_retry_due(job: Mapping[str, Any]) -> float | None:
@@ -174,12 +183,18 @@ def children_blocked(seen: Observed, exc: ChildBlocked) -> Transition:
     """The cluster cannot take the job's children now (a missing ServiceAccount or PriorityClass, a quota, a
     name another object holds): ``Pending`` with the reason and a message naming the object and the cause,
     every pod of the attempt deleted and the placement and reservation released, so the job holds no GPUs.
-    It is placed again after :data:`BLOCKED_RETRY_SECONDS`, at once when a PriorityClass or its spec changes.
+    It is placed again after :func:`retry_delay`, at once when a PriorityClass or its spec changes; one
+    Warning event per blocking object, not one per retry.
     """
     seen = own_pods(seen)
-    text = f"{exc.summary()}; the job holds no GPUs and is tried again every {BLOCKED_RETRY_SECONDS:.0f}s"
     old, gen, now = seen.status, seen.generation, seen.stamp
     before = old.condition(CREATABLE)
+    first = parse_time(before.last_transition_time) if before is not None else None
+    delay = retry_delay(first, seen.now)
+    text = (
+        f"{exc.summary()}; the job holds no GPUs and is tried again in {delay:.0f}s, or at once when its spec "
+        f"or a PriorityClass changes (the API server answered {exc.status}: {exc.api_message})"
+    )
     new = advance(
         old,
         generation=gen,

@@ -70,11 +70,8 @@ class ChildBlocked(ChildRefused):
         return not self.transient
 
     def summary(self) -> str:
-        """One line naming the object, the cause and the child: what the job's condition says."""
-        return (
-            f"{self.blocker} {self.cause}: {self.kind} {self.name} cannot be created "
-            f"(the API server answered {self.status}: {self.api_message})"
-        )
+        """The object, the cause and the child, the way the job's condition starts."""
+        return f"{self.blocker} {self.cause}: {self.kind} {self.name} cannot be created"
 
 
 #: The reasons of :class:`ChildBlocked`: a job ``Pending`` with one of them holds no GPUs and is not queued.

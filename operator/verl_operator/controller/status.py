@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from verl_operator.api.plan import Plan
+from verl_operator.api.plan import Plan, Violation
 from verl_operator.api.status import Condition, ConditionStatus
 
 #: kstatus-style summary conditions derived from the phase: (Ready, Reconciling, Stalled).
@@ -35,10 +35,47 @@ def parse_time(value: str | None) -> float | None:
     return dt.datetime.strptime(value, _TIME_FORMAT).replace(tzinfo=dt.UTC).timestamp()
 
 
+#: Characters of one message in status (``message``, each condition's): six copies of it (the message, the
+#: summary conditions, the decision's own) stay far below the 8 KB a status of any spec keeps to.
+STATUS_TEXT_CHARS = 480
+#: Violations kept in ``status.violations`` (the webhook's denial lists them all), and their parts' sizes.
+VIOLATIONS_KEPT = 4
+VIOLATION_PART_CHARS = {"field": 120, "message": 240, "suggestion": 80}
+SUGGESTIONS_KEPT = 3
+
+
+def bounded(text: str, limit: int = STATUS_TEXT_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was cut (user input may be of any size)."""
+    if len(text) <= limit:
+        return text
+    cut = limit - 32
+    return f"{text[:cut]}... ({len(text) - cut} more characters)"
+
+
+def bounded_violations(violations: Sequence[Violation]) -> list[Violation]:
+    """The first :data:`VIOLATIONS_KEPT` violations, each part bounded, and one that counts the others."""
+    parts = VIOLATION_PART_CHARS
+    out = [
+        v.model_copy(
+            update={
+                "field": bounded(v.field, parts["field"]),
+                "message": bounded(v.message, parts["message"]),
+                "suggestions": [bounded(s, parts["suggestion"]) for s in v.suggestions[:SUGGESTIONS_KEPT]],
+            }
+        )
+        for v in violations[:VIOLATIONS_KEPT]
+    ]
+    if len(violations) > VIOLATIONS_KEPT:
+        more = len(violations) - VIOLATIONS_KEPT
+        text = f"{more} more violations not kept in status (kubectl apply through the webhook lists them all)"
+        out.append(Violation(field="spec", rule="more-violations", message=text))
+    return out
+
+
 def condition(
     type_: str, status: bool | ConditionStatus, reason: str, message: str, generation: int, now: str
 ) -> Condition:
-    """A condition in the ``metav1.Condition`` shape."""
+    """A condition in the ``metav1.Condition`` shape (its message :func:`bounded`)."""
     value: ConditionStatus = status if isinstance(status, str) else ("True" if status else "False")
     return Condition(
         type=type_,
@@ -46,7 +83,7 @@ def condition(
         observed_generation=generation,
         last_transition_time=now,
         reason=reason,
-        message=message,
+        message=bounded(message),
     )
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from verl_operator.api.status import Condition, Phase, VerlJobStatus
-from verl_operator.controller.status import merge_conditions, summary_conditions
+from verl_operator.controller.status import bounded, bounded_violations, merge_conditions, summary_conditions
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,9 @@ def advance(
 ) -> VerlJobStatus:
     """The status after a decision: phase, reason and message, conditions merged, other fields changed.
 
+    The message and the violations are bounded (:func:`~verl_operator.controller.status.bounded`): user
+    input quoted in them never makes the status large.
+
     The summary conditions (``Ready``, ``Reconciling``, ``Stalled``) of the phase are merged first and the
     decision's own ``conditions`` after them, so a specific condition (``Ready`` with the pods and their
     nodes) wins over the summary of the same type.
@@ -85,6 +88,7 @@ def advance(
     Returns:
         The new status.
     """
+    message = bounded(message)
     merged = merge_conditions(
         old.conditions, [*summary_conditions(phase, reason, message, generation, now), *conditions]
     )
@@ -96,6 +100,8 @@ def advance(
         "conditions": merged,
         **(changes or {}),
     }
+    if update.get("violations"):  # user input may be quoted in them: the status stays bounded
+        update["violations"] = bounded_violations(update["violations"])
     return old.model_copy(update=update)
 
 
