@@ -35,7 +35,8 @@ def check_plan(plan: dict[str, Any]) -> None:
     assert w == plan["nnodes"] * plan["gpusPerNode"] and dp * sp == w
     assert w % tp == 0 and plan["rollout"]["replicas"] * tp == w
     tb, n, mini = b["trainBatchSize"], b["rolloutN"], b["ppoMiniBatchSize"]
-    assert tb >= mini >= 1 and (mini * n) % dp == 0
+    # verl checks mini <= train batch without dynamic batch size only (with it: one padded mini-batch, a warning).
+    assert mini >= 1 and (b["dynamicBatchSize"] or tb >= mini) and (mini * n) % dp == 0
     if not b["dynamicBatchSize"]:
         assert (tb * n) % w == 0 and (mini * n // dp) % b["ppoMicroBatchSizePerGpu"] == 0
 
