@@ -194,7 +194,10 @@ def name_taken(existing: Mapping[str, Any], manifest: Mapping[str, Any]) -> Chil
     kind, name = str(manifest["kind"]), str(manifest["metadata"]["name"])
     namespace = str(manifest["metadata"].get("namespace") or "default")
     refs = (existing.get("metadata") or {}).get("ownerReferences") or []
-    owner = ", ".join(f"{r.get('kind')} {r.get('name')}" for r in refs if isinstance(r, Mapping))
+    # A VerlJob of the same name: an earlier job deleted, its children not yet garbage-collected.
+    owner = ", ".join(
+        f"{r.get('kind')} {r.get('name')} (uid {r.get('uid')})" for r in refs if isinstance(r, Mapping)
+    )
     return ChildBlocked(
         kind,
         name,
