@@ -421,3 +421,18 @@ def test_a_status_response_after_the_deleted_event_does_not_bring_a_job_back() -
     again["metadata"]["uid"] = "uid-j1-2"
     cache.put_job(again)
     assert cache.job("ns", "j1") is not None
+
+
+def test_blocked_jobs_wait_for_their_retry_not_for_capacity_and_can_be_retried_at_once() -> None:
+    cache = WatchCache()
+    blocked = verljob("blocked", "Pending")
+    blocked["status"]["reason"] = "ServiceAccountNotFound"
+    cache.put_job(blocked)
+    cache.put_job(verljob("waiting", "Pending"))
+    assert cache.waiting_for_capacity() == [("ns", "waiting")], "capacity does not unblock a missing object"
+    runtime = Runtime()
+    runtime.cache = cache
+    runtime.retry_blocked()  # a PriorityClass changed
+    assert runtime.pending == {("ns", "blocked")}
+    assert cache.take_retry("ns", "blocked") is True and cache.take_retry("ns", "blocked") is False
+    assert cache.take_retry("ns", "waiting") is False

@@ -256,13 +256,15 @@ class WatchCache:
             return [(j.get("status") or {}).get("phase") for j in self.jobs.values()]
 
     def waiting_for_capacity(self) -> list[JobKey]:
-        """Jobs that are Pending (not placed): a change of capacity may let them start."""
+        """Jobs that are Pending (not placed): a change of capacity may let them start. A job whose pods
+        could not be created waits for its retry (:meth:`retry_blocked`), not for capacity."""
         with self.lock:
             return sorted(
                 k
                 for k, j in self.jobs.items()
                 if (j.get("status") or {}).get("phase") in (None, "Pending")
                 and not (j.get("status") or {}).get("placement")
+                and (j.get("status") or {}).get("reason") not in BLOCKED_REASONS
             )
 
     def retry_blocked(self) -> list[JobKey]:
