@@ -322,3 +322,15 @@ def test_objects_lost_after_admission_block_the_job_until_they_are_back(
     finally:
         with contextlib.suppress(client.ApiException):
             scheduling.delete_priority_class(later)
+
+
+def test_a_job_handed_to_kueue_without_kueue_gets_no_pods(
+    operator: LocalOperator, kube: client.ApiClient, kubectl: Any, namespace: str
+) -> None:
+    """No webhook to deny ``queueName`` and no Kueue: nothing would gate the pods, so none is created (they
+    would be bound at once, ahead of the queue); the job says why."""
+    jobs = Jobs(kube, kubectl, namespace)
+    jobs.apply(small("queued", scheduling={"queueName": "gpu-queue"}))
+    status = jobs.wait("queued", "Pending", "SchedulerUnavailable")
+    assert "kueue.x-k8s.io" in status["message"] and "is Kueue installed?" in status["message"]
+    assert jobs.owned_pods("queued") == []

@@ -375,6 +375,7 @@ class CachedKube(Kube):
         """Create one child; a created pod is stored at once (the gang release checks every pod exists)."""
         if manifest["kind"] != "Pod":
             return super().create(manifest)
+        self.require_scheduler(manifest)
         ns = manifest["metadata"]["namespace"]
         from kubernetes.client.exceptions import ApiException
 

@@ -15,6 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from verl_operator.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from verl_operator.controller.refused import name_taken, refusal
+from verl_operator.manifests.children import KUEUE_QUEUE_LABEL
 from verl_operator.manifests.names import LABEL_JOB
 
 COMPONENT = "verl-operator"
@@ -135,6 +136,7 @@ class Kube:
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
         """Create one child; True when created, False when it already existed."""
+        self.require_scheduler(manifest)
         ns = manifest["metadata"]["namespace"]
         kind = manifest["kind"]
         body: Any = dict(manifest)
@@ -169,6 +171,21 @@ class Kube:
                 raise refused from exc
             raise
         return True
+
+    def require_scheduler(self, manifest: Mapping[str, Any]) -> None:
+        """A pod handed to Kueue is created only where Kueue's API is served: without Kueue nothing would
+        gate it, and the default scheduler would bind it at once, ahead of the queue.
+
+        Raises:
+            MissingAPIError: The pod names a Kueue queue and the API server serves no Kueue API group.
+        """
+        labels = (manifest.get("metadata") or {}).get("labels") or {}
+        handed = manifest["kind"] == "Pod" and KUEUE_QUEUE_LABEL in labels
+        if handed and group_served(self.api, KUEUE_GROUP) is False:
+            raise MissingAPIError(
+                f"spec.scheduling.queueName hands the pods to Kueue, but the API server serves no "
+                f"{KUEUE_GROUP} API group: is Kueue installed?"
+            )
 
     def exists_owned(self, manifest: Mapping[str, Any], conflict: ApiException) -> bool:
         """After a 409: False (it exists, nothing to do) when the object is the job's own.
