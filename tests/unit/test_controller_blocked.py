@@ -383,3 +383,22 @@ def test_the_status_of_an_invalid_spec_with_huge_user_input_stays_small() -> Non
         and "252 more" in status["violations"][-1]["message"]
     )
     assert "more characters)" in status["message"]
+
+
+def test_a_quota_below_the_jobs_gpus_says_by_how_much() -> None:
+    """Each pod fits the quota, the job does not (the API server refuses the pod that would exceed it): the job
+    says what the quota allows, holds no GPUs and waits for the quota to be raised; admission would not deny
+    it for that refusal alone (each pod's request fits)."""
+    world = World()
+    world.kube.refuse_pods = (
+        f'pods "{WORKER}" is forbidden: exceeded quota: gpus, requested: requests.nvidia.com/gpu=8, '
+        "used: requests.nvidia.com/gpu=8, limited: requests.nvidia.com/gpu=12"
+    )
+    world.submit(SPEC)
+    world.reconcile()
+    world.reconcile()
+    status = world.status()
+    assert status["reason"] == "QuotaExceeded" and world.kube.pods() == {}
+    assert "the quota allows 12 GPUs in all, the job needs 16" in status["message"]
+    verdict = classify(403, world.kube.refuse_pods, POD)
+    assert isinstance(verdict, ChildBlocked) and verdict.transient and not verdict.denies_admission

@@ -22,7 +22,13 @@ from verl_operator.api.status import FINISHED_PHASES, VerlJobStatus, parse_statu
 from verl_operator.controller.assess import pod_phase
 from verl_operator.controller.pipeline import Planned, plan_and_place, status_plan
 from verl_operator.controller.queue import ahead_of, rank
-from verl_operator.controller.refused import BLOCKED_REASONS, ChildBlocked, ChildRefused, owner_uids
+from verl_operator.controller.refused import (
+    BLOCKED_REASONS,
+    ChildBlocked,
+    ChildRefused,
+    gpu_limit,
+    owner_uids,
+)
 from verl_operator.controller.running import run
 from verl_operator.controller.snapshot import Snapshot
 from verl_operator.controller.status import condition, format_time, merge_conditions, parse_time
@@ -191,9 +197,17 @@ def children_blocked(seen: Observed, exc: ChildBlocked) -> Transition:
     before = old.condition(CREATABLE)
     first = parse_time(before.last_transition_time) if before is not None else None
     delay = retry_delay(first, seen.now)
+    allowed = gpu_limit(exc.limited) if exc.reason == "QuotaExceeded" else None
+    needed = old.plan.world_size if old.plan is not None else None
+    short = (
+        f" (the quota allows {allowed} GPUs in all, the job needs {needed}: raise the quota or lower "
+        "spec.resources.gpus)"
+        if allowed is not None and needed is not None and allowed < needed
+        else ""
+    )
     text = (
-        f"{exc.summary()}; the job holds no GPUs and is tried again in {delay:.0f}s, or at once when its spec "
-        f"or a PriorityClass changes (the API server answered {exc.status}: {exc.api_message})"
+        f"{exc.summary()}{short}; the job holds no GPUs and is tried again in {delay:.0f}s, or at once when "
+        f"its spec or a PriorityClass changes (the API server answered {exc.status}: {exc.api_message})"
     )
     new = advance(
         old,

@@ -16,6 +16,7 @@ import contextlib
 import json
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from verl_operator.api.quantity import parse_quantity
@@ -46,6 +47,7 @@ class ChildBlocked(ChildRefused):
         cause: What is wrong with it, in a few words.
         transient: Only the current use of a quota is in the way (the request fits the quota's limit):
             admission does not deny the job for it.
+        limited: An exceeded quota's limits as its message gives them (``requests.nvidia.com/gpu -> 8``).
     """
 
     def __init__(
@@ -59,9 +61,11 @@ class ChildBlocked(ChildRefused):
         blocker: str,
         cause: str,
         transient: bool = False,
+        limited: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(kind, name, status, message)
         self.reason, self.blocker, self.cause, self.transient = reason, blocker, cause, transient
+        self.limited = dict(limited or {})
 
     @property
     def denies_admission(self) -> bool:
@@ -143,6 +147,7 @@ def classify(status: int, message: str, manifest: Mapping[str, Any]) -> ChildRef
             blocker=f"ResourceQuota {namespace}/{match.group(1)}",
             cause="is exceeded",
             transient=quota_fits_alone(message),
+            limited=quota_amounts(message).get("limited"),
         )
     return ChildBlocked(
         kind,
@@ -159,20 +164,41 @@ def _amounts(text: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in text.split(",") if "=" in part)
 
 
+def quota_amounts(message: str) -> dict[str, dict[str, str]]:
+    """``requested``, ``used`` and ``limited`` of an exceeded-quota message, each resource -> quantity."""
+    return {
+        m.group(1): {k.strip(): v.strip() for k, v in _amounts(m.group(2)).items()}
+        for m in _QUOTA_AMOUNTS.finditer(message)
+    }
+
+
+def gpu_limit(limited: Mapping[str, str]) -> Decimal | None:
+    """The GPUs an exceeded quota allows in all (its lowest GPU limit), None when it limits none."""
+    values = []
+    for key in GPU_QUOTA_KEYS:
+        with contextlib.suppress(ValueError, ArithmeticError):
+            if key in limited:
+                values.append(parse_quantity(limited[key]))
+    return min(values) if values else None
+
+
+#: The quota keys that limit GPUs.
+GPU_QUOTA_KEYS = ("requests.nvidia.com/gpu", "limits.nvidia.com/gpu", "nvidia.com/gpu")
+
+
 def quota_fits_alone(message: str) -> bool:
     """An exceeded-quota message whose request fits every limit (only what others use now is in the way).
 
     The quota admission plugin answers ``exceeded quota: q, requested: requests.nvidia.com/gpu=8, used:
     requests.nvidia.com/gpu=4, limited: requests.nvidia.com/gpu=8``. A message it cannot read is not transient.
     """
-    found = {m.group(1): _amounts(m.group(2)) for m in _QUOTA_AMOUNTS.finditer(message)}
+    found = quota_amounts(message)
     requested, limited = found.get("requested"), found.get("limited")
     if not requested or not limited:
         return False
     try:
         return all(
-            k in limited and parse_quantity(v.strip()) <= parse_quantity(limited[k].strip())
-            for k, v in requested.items()
+            k in limited and parse_quantity(v) <= parse_quantity(limited[k]) for k, v in requested.items()
         )
     except (ValueError, ArithmeticError):
         return False
