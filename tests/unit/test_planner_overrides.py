@@ -296,6 +296,14 @@ def test_read_keys_are_read_through_parents_and_never_refused() -> None:
     assert not violations and passthrough == parsed
 
 
+def test_a_read_key_deleted_after_it_was_set_is_not_read() -> None:
+    parsed, _, _ = parse_overrides(
+        ["actor_rollout_ref.actor={use_kl_loss:true,entropy_coeff:0}", "~actor_rollout_ref.actor.use_kl_loss"]
+    )
+    reads, _, _ = read_owned(parsed, READ_KEYS, owned=False)
+    assert set(reads) == {"entropy_coeff"}
+
+
 def test_keys_of_one_input_through_parents_must_agree() -> None:
     _, _, violations = read(
         "actor_rollout_ref.actor={use_dynamic_bsz:true}", f"{ROLLOUT}.log_prob_use_dynamic_bsz=False"

@@ -434,7 +434,9 @@ def read_owned(
     violations: list[Violation] = []
     for ov in overrides:
         if not owned:
-            if ov.prefix != "~":
+            if ov.prefix == "~":  # a read key deleted after it was set is not set
+                writes = {k: w for k, w in writes.items() if k != ov.key and not k.startswith(ov.key + ".")}
+            else:
                 writes.update({k: (v, _leaf_source(ov, k)) for k, v in ov.leaves() if k in input_keys})
             passthrough.append(ov)
             continue
