@@ -549,6 +549,13 @@ def test_admission_denies_pods_the_cluster_cannot_create_with_its_reason(
     applied = jobs.apply(job("big", 8, 8, resources={"nodeSelector": DGX}))
     assert applied.returncode != 0 and "exceeded quota: gpus" in applied.stderr, applied.stderr
     assert all(jobs.get(n) is None for n in ("nosa", "nopc", "big"))
+    # Each pod fits a quota of 12, the job's 16 GPUs do not: denied too; a job of one 8-GPU pod is admitted.
+    jobs.core.patch_namespaced_resource_quota(
+        "gpus", jobs.ns, {"spec": {"hard": {"requests.nvidia.com/gpu": "12"}}}
+    )
+    applied = jobs.apply(job("pair", 16, 8, resources={"nodeSelector": DGX}))
+    assert applied.returncode != 0 and "16 GPUs in all exceed ResourceQuota" in applied.stderr, applied.stderr
+    assert jobs.apply(job("single", 8, 8, resources={"nodeSelector": DGX})).returncode == 0
 
 
 def test_volcano_without_volcano_says_so(jobs: Jobs) -> None:
@@ -678,7 +685,8 @@ def test_a_job_posts_each_child_once_and_reads_none_back(
 ) -> None:
     """From apply to Running, a two-pod job costs one POST of its ServiceAccount, ConfigMap and Service each
     besides the admission dry run of each (none answered 409, as a second post of the creating pass was), no
-    read of its ConfigMap, the dry run of the head and a worker and two pod creates, and two gate removals."""
+    read of its ConfigMap, the dry run of the head, a worker and the quota check and two pod creates, and two
+    gate removals."""
 
     def namespaces_settled() -> bool | None:
         # Deleting earlier tests' namespaces makes other clients post (and be refused) in them.
@@ -698,7 +706,9 @@ def test_a_job_posts_each_child_once_and_reads_none_back(
         assert f"POST {kind} 409" not in made, (kind, made)
     assert not any(k.startswith("GET configmaps") for k in made), made
     assert made.get("PATCH pods 200") == 2.0, made  # the two gate removals, nothing else
-    assert made.get("POST pods 201") == 4.0, made  # the dry run of the head and a worker, the two pods
+    # the dry run of the head and a worker, the dry run of one pod with the job's 16 GPUs (the namespace's
+    # quotas), the two pods
+    assert made.get("POST pods 201") == 5.0, made
 
 
 def _request_totals(kube: client.ApiClient) -> list[tuple[dict[str, str], float]]:

@@ -24,7 +24,7 @@ from verl_operator.controller import metrics
 from verl_operator.controller.cache import CachedKube
 from verl_operator.controller.config import current
 from verl_operator.controller.dryrun import dry_run_children, dry_run_problems
-from verl_operator.controller.kube import kueue_problems
+from verl_operator.controller.kube import gpu_quota_problems, kueue_problems
 from verl_operator.controller.reconcile import JobReconciler
 from verl_operator.controller.runtime import RUNTIME
 from verl_operator.controller.webhook import (
@@ -181,6 +181,8 @@ def validate_job(
                 name or "dry-run", ns, checked.spec, checked.plan, current().launcher_image
             )
             dry_run = dry_run_problems(_API[0], children)
+        if not dry_run and changed and checked.plan is not None and int(checked.plan.get("nnodes") or 1) > 1:
+            dry_run = gpu_quota_problems(_API[0], ns, int(checked.plan.get("worldSize") or 0))
         problems = (permission.result() if permission is not None else []) or dry_run
     if problems:
         metrics.ADMISSION_DENIALS.inc()

@@ -14,7 +14,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from verl_operator.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from verl_operator.controller.refused import name_taken, refusal
+from verl_operator.controller.refused import ChildBlocked, name_taken, refusal
 from verl_operator.manifests.children import KUEUE_QUEUE_LABEL
 from verl_operator.manifests.names import LABEL_JOB
 
@@ -311,3 +311,57 @@ def kueue_problems(api: client.ApiClient, queue_name: str | None) -> list[str]:
         f"spec.scheduling.queueName: {queue_name!r} hands the job to Kueue, but Kueue is not installed "
         f"(the API server serves no {KUEUE_GROUP} API group); unset queueName to let the operator place it"
     ]
+
+
+#: The GPU resource the Ray pods request.
+GPU = "nvidia.com/gpu"
+
+
+def gpu_quota_problems(api: client.ApiClient, namespace: str, gpus: int) -> list[str]:
+    """The admission problem of a job whose GPUs in all exceed a ResourceQuota of its namespace (else none).
+
+    The dry run of the job's pods judges each pod alone, and a quota that every pod fits may still be below
+    the job (12 GPUs for two pods of 8). So one more pod is dry-run, asking for all of the job's GPUs: the
+    quota admission plugin compares it with every quota of the namespace (no read of the quotas is needed,
+    nor a verb for it). Only a quota it can never fit counts (the GPUs exceed the quota's limit); any other
+    answer is left to the dry run of the real pods.
+    """
+    pod: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "verl-gpu-quota-check-",
+            "name": "verl-gpu-quota-check",
+            "namespace": namespace,
+        },
+        "spec": {
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65534,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "quota",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {GPU: str(gpus)}, "limits": {GPU: str(gpus)}},
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+        },
+    }
+    body: Any = {**pod, "metadata": {k: v for k, v in pod["metadata"].items() if k != "name"}}
+    try:
+        drained(
+            client.CoreV1Api(api).create_namespaced_pod(
+                namespace, body, dry_run="All", _preload_content=False
+            )
+        )
+    except ApiException as exc:
+        verdict = refusal(exc, pod)
+        if isinstance(verdict, ChildBlocked) and verdict.reason == "QuotaExceeded" and not verdict.transient:
+            return [
+                f"spec.resources.gpus: the job's {gpus} GPUs in all exceed {verdict.blocker} "
+                f"(the API server: {verdict.api_message})"
+            ]
+    return []
