@@ -433,3 +433,17 @@ def test_key_check_of_dict_values(raw: str, rule: str | None) -> None:
 def test_key_check_follows_deletions_in_order(raws: list[str], rules: list[str]) -> None:
     parsed, _, _ = parse_overrides(raws)
     assert [v.rule for v in verl_keys.key_violations(parsed, "0.9")] == rules
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param("data.train_files={}", id="files-dict"),
+        pytest.param("data.val_files=[[a.parquet]]", id="files-nested-list"),
+        pytest.param(f"{ARR}.model.path=[a,b]", id="model-path-list"),
+        pytest.param("algorithm={adv_estimator:[grpo]}", id="estimator-list"),
+    ],
+)
+def test_a_container_where_the_planner_needs_text_is_a_type_violation(raw: str) -> None:
+    result = plan_of(raw)
+    assert "override-type" in {v.rule for v in result.violations}, [v.one_line() for v in result.violations]

@@ -80,5 +80,22 @@ class Reader:
         return float(value)
 
     def get_str(self, name: str, reads: bool = False) -> str | None:
+        """The pinned value ``name`` as text, or None; a list or dict value is a violation."""
         pin = (self.reads if reads else self.pins).get(name)
-        return None if pin is None or pin.value is None else str(pin.value)
+        if pin is None or pin.value is None:
+            return None
+        if isinstance(pin.value, list | dict):
+            self._bad(pin, "a string")
+            return None
+        return str(pin.value)
+
+    def check_paths(self, name: str) -> None:
+        """A pinned ``name`` (``train_files``, ``val_files``) is a path or a list of paths."""
+        pin = self.pins.get(name)
+        if pin is None or pin.value is None:
+            return
+        value = pin.value
+        if isinstance(value, dict) or (
+            isinstance(value, list) and any(isinstance(v, list | dict) for v in value)
+        ):
+            self._bad(pin, "a path or a list of paths")

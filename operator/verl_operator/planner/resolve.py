@@ -86,6 +86,8 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         violations.append(critic)
         critic = None
     fixed = _fixed(r)
+    r.check_paths("train_files")
+    r.check_paths("val_files")
     violations += _expert_parallel(r, model.shape)
     gpn_val, vs = _resources(spec, r)
     violations += vs + r.violations
