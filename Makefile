@@ -68,6 +68,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/bench_launcher.py
 	$(BIN)/python bench/fuzz_admission.py
 	$(BIN)/python bench/bench_key_suggestions.py
+	$(BIN)/python bench/bench_admission_load.py
 	$(BIN)/python bench/bench_scale.py $(SCALE_ARGS)
 
 clean:
