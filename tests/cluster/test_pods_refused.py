@@ -245,7 +245,7 @@ def test_children_never_take_over_objects_the_job_does_not_own(
     for name, what in taken.items():
         message = seen[name]["message"]
         assert f"{what} exists and is not owned by the job" in message and "placement" not in seen[name]
-    for name in ("sa", "cm", "svc"):
+    for name in taken:
         assert "placement" not in jobs.status(name) and jobs.owned_pods(name) == []
     assert not core.read_namespaced_service_account("sa-ray", namespace).metadata.owner_references
     config = core.read_namespaced_config_map("cm-launch", namespace)
@@ -255,10 +255,11 @@ def test_children_never_take_over_objects_the_job_does_not_own(
     assert not service.metadata.owner_references
     head = core.read_namespaced_pod("pod-r0-head", namespace)
     assert not head.metadata.owner_references and not head.metadata.labels
-    # The job whose head pod name was taken runs under its next attempt's names; the look-alike stays.
+    # The user removes the pod that held the head pod's name, and the ConfigMap: those jobs run by themselves.
+    core.delete_namespaced_pod("pod-r0-head", namespace, grace_period_seconds=0)
     jobs.wait("pod", "Running")
+    assert [p.metadata.name for p in jobs.owned_pods("pod")] == ["pod-r0-head"], "the name, now the job's own"
     assert core.read_namespaced_pod("lookalike", namespace).metadata.deletion_timestamp is None
-    # The user removes the ConfigMap: that job proceeds by itself.
     core.delete_namespaced_config_map("cm-launch", namespace)
     jobs.wait("cm", "Running")
 

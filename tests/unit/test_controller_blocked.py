@@ -169,7 +169,8 @@ def test_pods_that_cannot_be_created_now_release_the_gpus_and_name_the_cause(
     status = world.status()
     assert (status["phase"], status["reason"]) == ("Pending", reason), status.get("message")
     assert names in status["message"] and "holds no GPUs" in status["message"]
-    assert "placement" not in status and status["attempt"] == 1
+    # The pods never ran (gated): the same attempt is placed again, and its launcher still starts fresh.
+    assert "placement" not in status and status.get("attempt", 0) == 0
     assert conditions(world)["Placed"] == ("False", reason)
     assert conditions(world)["PodsCreatable"] == ("False", reason)
     assert [(t, r) for t, r, _ in world.kube.events][-1] == ("Warning", reason)
@@ -266,14 +267,18 @@ def test_a_name_taken_job_runs_once_the_other_object_is_gone() -> None:
     world.reconcile()
     world.reconcile()
     assert world.status()["reason"] == "NameTaken" and HEAD in world.kube.pods()
+    world.now += BLOCKED_RETRY_SECONDS
+    world.reconcile()
+    world.reconcile()
+    assert world.status()["reason"] == "NameTaken", "blocked while the other pod holds the name"
     world.kube.objects.pop(("Pod", NS, HEAD))
     world.now += BLOCKED_RETRY_SECONDS
     world.reconcile()
     world.reconcile()
     assert world.status()["reason"] == "PodsCreated"
     assert {n: bool(p["metadata"].get("ownerReferences")) for n, p in world.kube.pods().items()} == {
-        f"{NAME}-r1-head": True,
-        f"{NAME}-r1-worker-1": True,
+        HEAD: True,
+        WORKER: True,
     }
 
 
@@ -402,3 +407,23 @@ def test_a_quota_below_the_jobs_gpus_says_by_how_much() -> None:
     assert "the quota allows 12 GPUs in all, the job needs 16" in status["message"]
     verdict = classify(403, world.kube.refuse_pods, POD)
     assert isinstance(verdict, ChildBlocked) and verdict.transient and not verdict.denies_admission
+
+
+@pytest.mark.parametrize(
+    ("placed", "pods", "attempt"),
+    [
+        pytest.param(True, [], 2, id="no-pod-created"),
+        pytest.param(True, [{"spec": {"schedulingGates": [{"name": "g"}]}}], 2, id="gated-pods-never-ran"),
+        pytest.param(True, [{"spec": {"nodeName": "gpu-0"}}], 3, id="a-bound-pod-may-still-hold-its-name"),
+        pytest.param(False, [{"spec": {"nodeName": "gpu-0"}}], 2, id="not-placed"),
+    ],
+)
+def test_the_attempt_moves_on_only_past_pods_that_were_bound(
+    placed: bool, pods: list[dict[str, Any]], attempt: int
+) -> None:
+    from verl_operator.controller.decide import next_attempt
+
+    raw: dict[str, Any] = {"attempt": 2}
+    if placed:
+        raw["placement"] = {"attempt": 2, "nodes": ["gpu-0"]}
+    assert next_attempt(parse_status(raw), pods) == attempt

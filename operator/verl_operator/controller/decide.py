@@ -108,6 +108,15 @@ def own_pods(seen: Observed) -> Observed:
     return replace(seen, pods=[p for p in seen.pods if uid in owner_uids(p)])
 
 
+def next_attempt(old: VerlJobStatus, pods: Sequence[Mapping[str, Any]]) -> int:
+    """The attempt after pods that could not all be created are deleted: the same one while none of them was
+    bound to a node (gated, they never ran, and an unbound pod is gone at once, freeing its name), so the
+    launcher of the attempt that runs still starts fresh (an attempt above 0 resumes from a checkpoint); the
+    next one otherwise (a bound pod may still be terminating under its name)."""
+    bound = any((p.get("spec") or {}).get("nodeName") for p in pods)
+    return old.attempt + 1 if old.placement and bound else old.attempt
+
+
 def refused_for_this_generation(seen: Observed) -> bool:
     """The API server refused this generation's pods (:func:`children_refused`): placing again cannot help."""
     status = seen.status
@@ -139,7 +148,7 @@ def children_refused(seen: Observed, exc: ChildRefused) -> Transition:
         changes={
             "placement": None,
             "nodes": "",
-            "attempt": old.attempt + 1 if old.placement else old.attempt,
+            "attempt": next_attempt(old, seen.pods),
         },
     )
     doomed = tuple(
@@ -223,7 +232,7 @@ def children_blocked(seen: Observed, exc: ChildBlocked) -> Transition:
         changes={
             "placement": None,
             "nodes": "",
-            "attempt": old.attempt + 1 if old.placement else old.attempt,
+            "attempt": next_attempt(old, seen.pods),
         },
     )
     doomed = tuple(
