@@ -14,11 +14,17 @@ from verl_operator.commands.plan import load_nodes
 from verl_operator.planner import plan_job
 from verl_operator.planner.mesh import (
     Mesh,
+    batch_step,
+    divides_over,
+    fewest_batch,
     fits_nvlink_domain,
     heads_allow_sp,
     heads_allow_tp,
     nvlink_group_per_node,
+    nvlink_spans_nodes,
     pod_cpu,
+    replica_fits_nodes,
+    rollout_tp_sizes,
 )
 
 CLUSTERS = Path(__file__).parents[2] / "examples" / "clusters"
@@ -136,3 +142,31 @@ def test_the_search_picks_log_prob_micro_batches_of_the_meshes_batch(version: st
     micro = plan.batching.log_prob_micro_batch_size_per_gpu
     assert per_gpu % micro == 0, (per_gpu, micro)
     assert plan.batching.log_prob_passes_per_gpu * micro == per_gpu
+
+
+@pytest.mark.parametrize("gpn", [1, 2, 4, 8])
+@pytest.mark.parametrize("nnodes", [1, 2, 3, 4])
+def test_replica_sizes_and_node_fit_follow_their_definitions(gpn: int, nnodes: int) -> None:
+    """The search's TP candidates and the replica rule share ``mesh``'s helpers: every candidate fits the
+    nodes and divides the world, and every size that does (up to the world) is a candidate."""
+    world = gpn * nnodes
+    sizes = rollout_tp_sizes(gpn, nnodes)
+    assert all(replica_fits_nodes(tp, gpn) and world % tp == 0 for tp in sizes)
+    assert sizes == [tp for tp in range(1, world + 1) if world % tp == 0 and replica_fits_nodes(tp, gpn)]
+    assert nvlink_spans_nodes(gpn * 2, gpn) and not nvlink_spans_nodes(gpn, gpn)
+
+
+@pytest.mark.parametrize(("ranks", "n"), [(8, 1), (8, 5), (6, 4), (12, 8), (7, 3)])
+def test_batch_steps_are_the_sizes_that_divide_over_the_ranks(ranks: int, n: int) -> None:
+    step = batch_step(ranks, n)
+    assert [b for b in range(1, 100) if b * n % ranks == 0] == list(range(step, 100, step))
+    fewest = fewest_batch(ranks, n)
+    assert fewest * n >= ranks > (fewest - 1) * n
+    assert divides_over(step * n, ranks) == (step * n >= ranks)
+
+
+def test_a_changed_mesh_is_the_mesh_of_the_changed_settings() -> None:
+    p, s = make_problem(), make_settings()
+    mesh = Mesh.of(p, s)
+    assert mesh.changed(rollout_tp=2) == Mesh.of(p, make_settings(rollout_tp=2))
+    assert mesh.changed(rollout_tp=2).settings.rollout_tp == 2

@@ -146,6 +146,7 @@ def test_kv_cache_hint_suggests_only_a_tp_the_rollout_rules_accept() -> None:
     """A 32k-token model length on 24 GiB GPUs at gpuMemoryUtilization 0.25: TP 4 gives the KV cache room, but
     on NVLink pairs (nvlink required) the rules forbid TP 4, so the hint must not suggest it."""
     from verl_operator.planner.memory import estimate
+    from verl_operator.planner.mesh import Mesh
     from verl_operator.planner.search_memory import memory_inputs, memory_violations
 
     s = make_settings(rollout_tp=2, gpu_memory_utilization=0.25, param_offload=True, optimizer_offload=True)
@@ -153,7 +154,8 @@ def test_kv_cache_hint_suggests_only_a_tp_the_rollout_rules_accept() -> None:
     paired = replace(open_, nvlink_required=True, nvlink_domain=2)
 
     def hints(p: Problem) -> list[str]:
-        found = memory_violations(p, s, estimate(memory_inputs(p, s, s.world)))
+        mesh = Mesh.of(p, s)
+        found = memory_violations(p, mesh, estimate(memory_inputs(p, mesh)))
         return [h for v in found if v.rule == "kv-cache-max-model-len" for h in v.suggestions]
 
     assert any("tensorParallelSize 4" in h for h in hints(open_)), hints(open_)

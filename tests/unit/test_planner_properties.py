@@ -197,11 +197,13 @@ def test_deterministic(job: tuple[Any, list[dict[str, Any]]]) -> None:
 
 @given(st.integers(1, 4096), st.integers(1, 16), st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 24, 64, 128]))
 def test_batch_suggestions_are_valid(tb: int, n: int, world: int) -> None:
-    from test_planner_rules import problem
+    from test_planner_rules import apply, problem
     from test_planner_rules import settings as make_settings
 
-    violations = rules.batch_divisible_by_world(
-        problem(), make_settings(world=world, train_batch_size=tb, rollout_n=n)
+    violations = apply(
+        rules.batch_divisible_by_world,
+        problem(),
+        make_settings(world=world, train_batch_size=tb, rollout_n=n),
     )
     if tb * n % world == 0:
         assert violations == []

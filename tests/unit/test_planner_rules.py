@@ -8,9 +8,17 @@ import pytest
 from conftest import make_problem, make_settings
 
 from verl_operator.planner import rules
+from verl_operator.planner.inputs import Problem, Settings
+from verl_operator.planner.mesh import Mesh
+from verl_operator.planner.result import Violation
 
 problem = make_problem
 settings = make_settings
+
+
+def apply(rule: rules.Rule, p: Problem, s: Settings) -> list[Violation]:
+    """``rule`` on the candidate's mesh, built once as the search builds it."""
+    return rule(p, Mesh.of(p, s))
 
 
 CASES = [
@@ -272,7 +280,7 @@ CASES = [
 
 @pytest.mark.parametrize(("rule", "pkw", "skw", "expected"), CASES)
 def test_rule(rule: rules.Rule, pkw: dict[str, Any], skw: dict[str, Any], expected: str | None) -> None:
-    violations = rule(problem(**pkw), settings(**skw))
+    violations = apply(rule, problem(**pkw), settings(**skw))
     if expected is None:
         assert violations == []
     else:
@@ -287,14 +295,16 @@ def test_every_rule_has_a_table_case() -> None:
 
 
 def test_issue_example_message() -> None:
-    [v] = rules.batch_divisible_by_world(problem(), settings(world=6, train_batch_size=64, rollout_n=1))
+    [v] = apply(
+        rules.batch_divisible_by_world, problem(), settings(world=6, train_batch_size=64, rollout_n=1)
+    )
     assert v.field == "spec.data.trainBatchSize"
     assert v.message == "64 x 1 = 64 trajectories per step is not divisible by 6 GPUs"
     assert v.suggestions == ["use trainBatchSize 60 or 66"]
 
 
 def test_micro_suggestions_are_divisors() -> None:
-    [v] = rules.micro_divides_mini(problem(), settings(ppo_micro_batch_size_per_gpu=48))
+    [v] = apply(rules.micro_divides_mini, problem(), settings(ppo_micro_batch_size_per_gpu=48))
     # per-GPU mini = 256 x 5 / 8 = 160; the divisors of 160 nearest 48 are 40 and 80
     assert "160" in v.message
     assert v.suggestions == ["use ppoMicroBatchSizePerGpu 40 or 80"]
@@ -312,7 +322,7 @@ def test_nearest(value: int, ok: Any, expected: list[int]) -> None:
 
 
 def test_nvlink_suggestion_is_the_largest_group_that_fits() -> None:
-    [v] = rules.nvlink_groups(problem(nvlink_required=True, nvlink_domain=4), settings(rollout_tp=8))
+    [v] = apply(rules.nvlink_groups, problem(nvlink_required=True, nvlink_domain=4), settings(rollout_tp=8))
     assert v.suggestions[0] == "use rollout tensorParallelSize 4"
     assert "NVLink domain of 4 GPUs" in v.message
 

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from verl_operator.planner.mesh import nvlink_spans_nodes
+
 TopologyPolicy = Literal["required", "preferred"]
 
 #: Excluded nodes listed in ``status.placement`` (the count is always there): keeps the object small on
@@ -65,7 +67,7 @@ class PlacementRequest:
     @property
     def multi_node_nvlink(self) -> bool:
         """True when one NVLink group spans several nodes (needs one ``nvidia.com/gpu.clique``)."""
-        return self.nvlink_required and self.nvlink_group_size > self.gpus_per_node
+        return self.nvlink_required and nvlink_spans_nodes(self.nvlink_group_size, self.gpus_per_node)
 
 
 @dataclass(frozen=True)

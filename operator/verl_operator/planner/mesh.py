@@ -1,23 +1,28 @@
 """One owner of a candidate's mesh and batch arithmetic (the idea of torchtitan's ``ParallelDims``).
 
-``Mesh.of(problem, settings)`` computes, once, every derived number verl's workers compute from the same
-settings: the world, the data-parallel sizes (actor and critic), the FSDP shard group, the rollout replicas,
-the trajectories and their padding, the per-GPU mini-batch and log-prob batch, the accumulation steps, the
-NVLink group, and the per-pod layout (pods, GPUs and CPUs per pod, the part of the NVLink group on each pod).
-The search, the rules, the memory inputs and the report read them from here; the plan carries the per-pod
-layout to placement, the manifests and the launcher's check. So the numbers a violation shows, the numbers the
-plan reports, the numbers the checks use and the pods that are created cannot drift apart.
+``Mesh.of(problem, settings)`` is built once per candidate the search tries and holds every derived number
+verl's workers compute from the same settings: the world, the data-parallel sizes (actor and critic), the FSDP
+shard group, the rollout replicas, the trajectories and their padding, the per-GPU mini-batch and log-prob
+batch, the accumulation steps, the NVLink group, and the per-pod layout (pods, GPUs and CPUs per pod, the part
+of the NVLink group on each pod). The rules take the Mesh (``rule(problem, mesh)``), and the search, the memory
+inputs and the report read its numbers; the plan carries the per-pod layout to placement, the manifests and
+the launcher's check. So the numbers a violation shows, the numbers the plan reports, the numbers the checks
+use and the pods that are created cannot drift apart.
 
-The predicates below (heads per SP or TP group, a group inside an NVLink domain) and the CPU request of a pod
-are the one copy of those rules: the search's candidate generation and the rules both call them.
+The functions below (heads per SP or TP group, a group inside an NVLink domain or spanning nodes, a replica
+on whole nodes, the batch steps that divide over a number of ranks) and the CPU request of a pod are the one
+copy of those rules: the search's candidate generation (which runs before a candidate's Mesh exists), the
+Mesh's own checks and placement all call them.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from verl_operator.api.spec import ModelShape
+from verl_operator.planner.arith import divisors
 from verl_operator.planner.inputs import Problem, Settings
 
 #: CPUs verl's Ray placement group asks per GPU (``{GPU: 1, CPU: 3}`` bundles, verl-constraints rule 25),
@@ -54,6 +59,41 @@ def nvlink_group_per_node(group: int, gpus_per_node: int) -> int:
     return min(group, gpus_per_node)
 
 
+def nvlink_spans_nodes(group: int, gpus_per_node: int) -> bool:
+    """One NVLink group of ``group`` GPUs spans several nodes (multi-node NVLink: one ``nvidia.com/gpu.clique``)."""
+    return group > gpus_per_node
+
+
+def replica_fits_nodes(tp: int, gpus_per_node: int) -> bool:
+    """A vLLM replica of ``tp`` GPUs spans whole nodes (larger than a node) or tiles one (not larger)."""
+    if tp > gpus_per_node:
+        return tp % gpus_per_node == 0
+    return gpus_per_node % tp == 0
+
+
+def rollout_tp_sizes(gpus_per_node: int, nnodes: int) -> list[int]:
+    """Replica sizes of a layout, smallest first: the divisors of a node, then whole nodes, each dividing the
+    world."""
+    world = gpus_per_node * nnodes
+    sizes = [*divisors(gpus_per_node), *(gpus_per_node * k for k in range(2, nnodes + 1))]
+    return [tp for tp in sizes if world % tp == 0]
+
+
+def batch_step(ranks: int, n: int) -> int:
+    """The step of batch sizes ``b`` whose ``b x n`` sequences divide over ``ranks``: ``ranks / gcd(ranks, n)``."""
+    return ranks // math.gcd(ranks, n)
+
+
+def fewest_batch(ranks: int, n: int) -> int:
+    """The smallest batch size ``b`` whose ``b x n`` sequences give each of ``ranks`` at least one."""
+    return -(-ranks // n)
+
+
+def divides_over(sequences: int, ranks: int) -> bool:
+    """``sequences`` divide evenly over ``ranks``, at least one per rank."""
+    return sequences % ranks == 0 and sequences >= ranks
+
+
 def pod_cpu(requested: str | None, gpus_per_node: int) -> str:
     """The CPU request of one Ray pod: ``resources.cpuPerNode`` as written, else verl's placement group
     (``CPU_PER_GPU`` per GPU) plus ``SPARE_CPU``."""
@@ -88,6 +128,12 @@ class Mesh:
     nvlink_group_per_node: int
     cpu_per_node: str
     pads: bool
+    critic_sequence_parallel_size: int
+    #: The candidate's settings and the job's facts the numbers were derived from (the rules read the
+    #: settings' own values, such as the batch sizes, for their messages).
+    settings: Settings = field(repr=False, compare=False)
+    problem: Problem = field(repr=False, compare=False)
+    requested_cpu: str | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, p: Problem, s: Settings, cpu_per_node: str | None = None) -> Mesh:
@@ -123,7 +169,15 @@ class Mesh:
             nvlink_group_per_node=nvlink_group_per_node(group, s.gpus_per_node),
             cpu_per_node=pod_cpu(cpu_per_node, s.gpus_per_node),
             pads=pads,
+            critic_sequence_parallel_size=p.critic_sequence_parallel_size,
+            settings=s,
+            problem=p,
+            requested_cpu=cpu_per_node,
         )
+
+    def changed(self, **settings: Any) -> Mesh:
+        """The mesh of the same job with some settings changed (``Settings`` field names)."""
+        return Mesh.of(self.problem, replace(self.settings, **settings), self.requested_cpu)
 
     @property
     def waste(self) -> int:
@@ -131,9 +185,100 @@ class Mesh:
         return self.padded_trajectories - self.trajectories
 
     @property
-    def nvlink_spans_nodes(self) -> bool:
-        """One NVLink group spans several nodes (multi-node NVLink: one ``nvidia.com/gpu.clique``)."""
-        return self.nvlink_group_size > self.gpus_per_node
+    def waste_fraction(self) -> float:
+        """The share of zero-weight samples in the padded step (4 decimals; 0 for an empty step)."""
+        return round(self.waste / self.padded_trajectories, 4) if self.padded_trajectories else 0.0
+
+    def divides_world(self, size: int) -> bool:
+        """``size`` GPUs (an SP, TP or FSDP group) tile the world."""
+        return self.world % size == 0
+
+    def world_common_divisor(self, n: int) -> int:
+        """The largest group size that divides both ``n`` (a head count) and the world."""
+        return math.gcd(n, self.world)
+
+    @property
+    def ulysses_rows(self) -> int:
+        """Rows of verl's ``(world / SP, SP)`` device mesh (integer division: 0 when SP exceeds the world)."""
+        return self.world // self.sequence_parallel_size
+
+    @property
+    def fsdp_size_valid(self) -> bool:
+        """``fsdp_size`` is -1, at least the world, or a divisor of it."""
+        f = self.settings.fsdp_size
+        return f == -1 or f >= self.world or (f > 0 and self.world % f == 0)
+
+    @property
+    def replica_fits_nodes(self) -> bool:
+        """A vLLM replica spans whole nodes or tiles one (:func:`replica_fits_nodes`)."""
+        return replica_fits_nodes(self.rollout_tp, self.gpus_per_node)
+
+    @property
+    def mini_sequences(self) -> int:
+        """Sequences of one PPO mini-batch: ``ppo_mini_batch_size x n``."""
+        return self.settings.ppo_mini_batch_size * self.settings.rollout_n
+
+    @property
+    def mini_divides_dp(self) -> bool:
+        """The actor's mini-batch divides over its data-parallel ranks, at least one sequence per rank."""
+        return divides_over(self.mini_sequences, self.data_parallel_size)
+
+    @property
+    def mini_divides_critic_dp(self) -> bool:
+        """The critic's mini-batch divides over its own data-parallel ranks, at least one sequence per rank."""
+        return divides_over(self.mini_sequences, self.critic_data_parallel_size)
+
+    def batch_step(self, ranks: int) -> int:
+        """The step of batch sizes whose ``x n`` sequences divide over ``ranks`` (:func:`batch_step`)."""
+        return batch_step(ranks, self.settings.rollout_n)
+
+    @property
+    def world_divides_trajectories(self) -> bool:
+        """The step's ``train_batch_size x n`` trajectories divide evenly over the world."""
+        return self.trajectories % self.world == 0
+
+    @property
+    def chunk_ranks(self) -> int:
+        """verl 0.6's even split of a step with dynamic batch size: over the actor's DP ranks and the rollout's
+        replicas, so the trajectories must divide by ``lcm(DP, replicas)``."""
+        return math.lcm(self.data_parallel_size, self.rollout_replicas)
+
+    def share(self, tokens: int, sp: int | None = None) -> int:
+        """Tokens per rank of ``tokens`` split over a Ulysses group (``ceil(tokens / SP)``; the actor's SP by
+        default)."""
+        return -(-tokens // (sp or self.sequence_parallel_size))
+
+    def per_gpu_of_global(self, global_size: int | None, critic: bool = False) -> int | None:
+        """verl 0.6's conversion of a deprecated global micro-batch: ``global // DP`` (the critic's DP for the
+        critic's)."""
+        if global_size is None:
+            return None
+        return global_size // (self.critic_data_parallel_size if critic else self.data_parallel_size)
+
+    def critic_micro_bound(self, actor_micro: int) -> int:
+        """The largest critic micro-batch with no more tokens per GPU than the actor's ``actor_micro``
+        (``micro x seq / SP``, each with its own SP)."""
+        return max(1, actor_micro * self.critic_sequence_parallel_size // self.sequence_parallel_size)
+
+    @property
+    def prompts_per_replica(self) -> float:
+        """Prompts of one step per vLLM replica."""
+        return self.settings.train_batch_size / self.rollout_replicas
+
+    @property
+    def sequences_per_replica(self) -> float:
+        """Sequences (trajectories) of one step per vLLM replica."""
+        return self.trajectories / self.rollout_replicas
+
+    @property
+    def mini_batches_per_step(self) -> int:
+        """PPO mini-batches (updates) per step, a partial last one counted."""
+        return math.ceil(self.settings.train_batch_size / self.settings.ppo_mini_batch_size)
+
+    @property
+    def partial_mini_batch(self) -> bool:
+        """The train batch is not a multiple of the mini-batch (the last mini-batch is partial)."""
+        return self.settings.train_batch_size % self.settings.ppo_mini_batch_size != 0
 
     def accumulation_steps(self, micro: int | None) -> int | None:
         """Gradient-accumulation steps of the actor's per-GPU mini-batch at ``micro`` (None: dynamic)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 
@@ -67,7 +66,7 @@ def build_result(
     """
     s, est = found.settings, found.estimate
     mesh = Mesh.of(p, s, layout.cpu_per_node)
-    warnings = [*found.warnings, *shell_variable_warnings(passthrough, p), *_batch_warnings(p, s, mesh, est)]
+    warnings = [*found.warnings, *shell_variable_warnings(passthrough, p), *_batch_warnings(p, mesh, est)]
     plan = Plan(
         verl_version=p.version,
         nodes=list(layout.candidates[: layout.nnodes]),
@@ -81,15 +80,10 @@ def build_result(
         data_parallel_size=mesh.data_parallel_size,
         sequence_parallel_size=mesh.sequence_parallel_size,
         fsdp_size=s.fsdp_size,
-        rollout=_rollout_plan(p, s, mesh, est),
-        batching=_batching_plan(s, mesh),
+        rollout=_rollout_plan(p, mesh, est),
+        batching=_batching_plan(mesh),
         memory=_memory_plan(p, est, p.tokens_per_sequence(s.sequence_parallel_size)),
-        padding=PaddingPlan(
-            padded_trajectories=mesh.waste,
-            waste_fraction=round(mesh.waste / mesh.padded_trajectories, 4)
-            if mesh.padded_trajectories
-            else 0.0,
-        ),
+        padding=PaddingPlan(padded_trajectories=mesh.waste, waste_fraction=mesh.waste_fraction),
         node_pool=NodePoolPlan(
             gpu_product=pool.product,
             gpu_memory_mib=pool.memory_mib,
@@ -102,20 +96,21 @@ def build_result(
     return PlanResult(feasible=True, violations=[], warnings=warnings, plan=plan)
 
 
-def _batch_warnings(p: Problem, s: Settings, mesh: Mesh, est: Estimate) -> list[str]:
+def _batch_warnings(p: Problem, mesh: Mesh, est: Estimate) -> list[str]:
+    s = mesh.settings
     out: list[str] = []
     if mesh.waste:
         out.append(
             f"verl pads {mesh.trajectories} trajectories to {mesh.padded_trajectories} per step "
             f"({mesh.waste} zero-weight samples)"
         )
-    seqs_per_replica = s.trajectories / mesh.rollout_replicas
+    seqs_per_replica = mesh.sequences_per_replica
     if seqs_per_replica * p.seq_len > est.kv_cache_tokens:
         out.append(
             f"each vLLM replica gets {seqs_per_replica:.0f} sequences of up to {p.seq_len} tokens but its KV cache "
             f"holds {est.kv_cache_tokens} tokens: vLLM will run them in waves"
         )
-    if s.train_batch_size % s.ppo_mini_batch_size:
+    if mesh.partial_mini_batch:
         out.append(
             f"trainBatchSize {s.train_batch_size} is not a multiple of ppoMiniBatchSize {s.ppo_mini_batch_size}"
         )
@@ -142,26 +137,26 @@ def _emitted(p: Problem, s: Settings, adv: str, model_path: str) -> dialect.Emit
     )
 
 
-def _rollout_plan(p: Problem, s: Settings, mesh: Mesh, est: Estimate) -> RolloutPlan:
-    replicas = mesh.rollout_replicas
+def _rollout_plan(p: Problem, mesh: Mesh, est: Estimate) -> RolloutPlan:
     return RolloutPlan(
         mode=p.mode,
-        tensor_parallel_size=s.rollout_tp,
-        replicas=replicas,
-        prompts_per_replica=round(s.train_batch_size / replicas, 2),
-        sequences_per_replica=round(s.trajectories / replicas, 2),
-        gpu_memory_utilization=s.gpu_memory_utilization,
+        tensor_parallel_size=mesh.rollout_tp,
+        replicas=mesh.rollout_replicas,
+        prompts_per_replica=round(mesh.prompts_per_replica, 2),
+        sequences_per_replica=round(mesh.sequences_per_replica, 2),
+        gpu_memory_utilization=mesh.settings.gpu_memory_utilization,
         max_model_len=p.model_len,
         kv_cache_tokens_per_replica=est.kv_cache_tokens,
     )
 
 
-def _batching_plan(s: Settings, mesh: Mesh) -> BatchingPlan:
+def _batching_plan(mesh: Mesh) -> BatchingPlan:
+    s = mesh.settings
     micro, lp_micro = s.ppo_micro_batch_size_per_gpu, s.log_prob_micro_batch_size_per_gpu
     return BatchingPlan(
         train_batch_size=s.train_batch_size,
         rollout_n=s.rollout_n,
-        trajectories_per_step=s.trajectories,
+        trajectories_per_step=mesh.trajectories,
         ppo_mini_batch_size=s.ppo_mini_batch_size,
         mini_batch_per_gpu=mesh.mini_per_gpu,
         ppo_micro_batch_size_per_gpu=micro,
@@ -171,7 +166,7 @@ def _batching_plan(s: Settings, mesh: Mesh) -> BatchingPlan:
         dynamic_batch_size=s.dynamic_batch_size,
         max_token_len_per_gpu=s.max_token_len_per_gpu,
         log_prob_max_token_len_per_gpu=s.log_prob_max_token_len_per_gpu,
-        mini_batches_per_step=math.ceil(s.train_batch_size / s.ppo_mini_batch_size),
+        mini_batches_per_step=mesh.mini_batches_per_step,
     )
 
 

@@ -1,12 +1,13 @@
 """The rules a verl FSDP + vLLM launch must satisfy (``docs/planner.md`` lists them with verl's code references).
 
-Each rule is a function ``(problem, settings) -> list[Violation]``; an empty list means it holds. Messages show
-every factor of the arithmetic and, where they exist, the nearest valid values.
+Each rule is a function ``(problem, mesh) -> list[Violation]``; an empty list means it holds. The mesh
+(:class:`~verl_operator.planner.mesh.Mesh`, built once per candidate) owns every derived number and the
+candidate's settings; the problem gives the job's other facts. Messages show every factor of the arithmetic
+and, where they exist, the nearest valid values.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 
 from verl_operator.planner.arith import (
@@ -17,7 +18,7 @@ from verl_operator.planner.arith import (
     prime_factors,
 )
 from verl_operator.planner.arith import or_text as _or
-from verl_operator.planner.inputs import SPEC_PATHS, Problem, Settings
+from verl_operator.planner.inputs import SPEC_PATHS, Problem
 from verl_operator.planner.mesh import Mesh, heads_allow_sp
 from verl_operator.planner.result import Violation
 from verl_operator.planner.rules_critic import critic_mesh, critic_micro_divides_mini
@@ -51,59 +52,60 @@ __all__ = [
     "rollout_tp_heads",
 ]
 
-Rule = Callable[[Problem, Settings], list[Violation]]
+Rule = Callable[[Problem, Mesh], list[Violation]]
 
 
 def _field(p: Problem, name: str) -> str:
     return p.source(name, SPEC_PATHS.get(name, name))
 
 
-def batch_divisible_by_world(p: Problem, s: Settings) -> list[Violation]:
+def batch_divisible_by_world(p: Problem, mesh: Mesh) -> list[Violation]:
     """Rule 1: without dynamic batch size, ``train_batch_size x n`` must divide evenly over the GPUs.
 
     With dynamic batch size, verl 0.6 still chunks the batch evenly over the training and rollout data-parallel
     ranks (``DataProto.chunk`` without padding); verl >= 0.7 pads instead.
     """
+    s = mesh.settings
     if s.dynamic_batch_size:
         # verl 0.6 splits the batch evenly over the actor's DP ranks and the rollout's (world / TP) ranks.
-        mesh = Mesh.of(p, s)
-        unit = math.lcm(mesh.data_parallel_size, mesh.rollout_replicas)
-        if p.version == "0.6" and s.trajectories % unit:
+        unit = mesh.chunk_ranks
+        if p.version == "0.6" and mesh.trajectories % unit:
             return [
                 Violation(
                     field=_field(p, "train_batch_size"),
                     rule="batch-divisible-by-dp",
                     message=(
-                        f"{s.train_batch_size} x {s.rollout_n} = {s.trajectories} trajectories per step is not "
+                        f"{s.train_batch_size} x {s.rollout_n} = {mesh.trajectories} trajectories per step is not "
                         f"divisible by {unit} (verl 0.6 splits the batch evenly over {mesh.data_parallel_size} "
                         f"training and {mesh.rollout_replicas} rollout data-parallel ranks)"
                     ),
                     suggestions=[
-                        f"use trainBatchSize {_or(nearest_multiple(s.train_batch_size, unit // math.gcd(unit, s.rollout_n)))}"
+                        f"use trainBatchSize {_or(nearest_multiple(s.train_batch_size, mesh.batch_step(unit)))}"
                     ],
                 )
             ]
         return []
-    if s.trajectories % s.world == 0:
+    if mesh.world_divides_trajectories:
         return []
     # t x n divides by the world exactly when t is a multiple of world / gcd(world, n).
-    near = nearest_multiple(s.train_batch_size, s.world // math.gcd(s.world, s.rollout_n))
+    near = nearest_multiple(s.train_batch_size, mesh.batch_step(mesh.world))
     return [
         Violation(
             field=_field(p, "train_batch_size"),
             rule="batch-divisible-by-world",
             message=(
-                f"{s.train_batch_size} x {s.rollout_n} = {s.trajectories} trajectories per step is not divisible "
-                f"by {s.world} GPUs"
+                f"{s.train_batch_size} x {s.rollout_n} = {mesh.trajectories} trajectories per step is not "
+                f"divisible by {mesh.world} GPUs"
             ),
             suggestions=[f"use trainBatchSize {_or(near)}"] if near else [],
         )
     ]
 
 
-def mini_batch_le_train_batch(p: Problem, s: Settings) -> list[Violation]:
+def mini_batch_le_train_batch(p: Problem, mesh: Mesh) -> list[Violation]:
     """Rule 3: ``train_batch_size >= ppo_mini_batch_size`` without dynamic batch size (verl skips the check with
     it: one padded mini-batch per step, reported as a warning)."""
+    s = mesh.settings
     if s.dynamic_batch_size or s.train_batch_size >= s.ppo_mini_batch_size:
         return []
     return [
@@ -116,34 +118,33 @@ def mini_batch_le_train_batch(p: Problem, s: Settings) -> list[Violation]:
     ]
 
 
-def sp_divides_world(p: Problem, s: Settings) -> list[Violation]:
+def sp_divides_world(p: Problem, mesh: Mesh) -> list[Violation]:
     """Rule 11 (verl never checks): the world size must be a multiple of the Ulysses SP size."""
-    if s.world % s.sequence_parallel_size == 0:
+    sp = mesh.sequence_parallel_size
+    if mesh.divides_world(sp):
         return []
     return [
         Violation(
             field=_field(p, "sequence_parallel_size"),
             rule="sp-divides-world",
             message=(
-                f"{s.world} GPUs are not divisible by sequenceParallelSize {s.sequence_parallel_size}: ranks fall "
-                f"outside the ({s.world // s.sequence_parallel_size}, {s.sequence_parallel_size}) mesh"
+                f"{mesh.world} GPUs are not divisible by sequenceParallelSize {sp}: ranks fall "
+                f"outside the ({mesh.ulysses_rows}, {sp}) mesh"
             ),
-            suggestions=[
-                f"use sequenceParallelSize {_or(nearest_divisor(s.sequence_parallel_size, s.world))}"
-            ],
+            suggestions=[f"use sequenceParallelSize {_or(nearest_divisor(sp, mesh.world))}"],
         )
     ]
 
 
-def sp_heads(p: Problem, s: Settings) -> list[Violation]:
+def sp_heads(p: Problem, mesh: Mesh) -> list[Violation]:
     """Rule 10: attention heads divisible by SP; KV heads divisible by SP or SP divisible by KV heads."""
-    sp = s.sequence_parallel_size
+    sp = mesh.sequence_parallel_size
     heads, kv = p.shape.attention_heads, p.shape.kv_heads
     if heads_allow_sp(p.shape, sp):
         return []
 
     def ok(v: int) -> bool:
-        return heads_allow_sp(p.shape, v) and s.world % v == 0
+        return heads_allow_sp(p.shape, v) and mesh.divides_world(v)
 
     return [
         Violation(
@@ -158,43 +159,43 @@ def sp_heads(p: Problem, s: Settings) -> list[Violation]:
     ]
 
 
-def fsdp_size_valid(p: Problem, s: Settings) -> list[Violation]:
+def fsdp_size_valid(p: Problem, mesh: Mesh) -> list[Violation]:
     """Rule 12 (verl never checks): ``fsdp_size`` is -1, at least the world size, or divides it."""
-    f = s.fsdp_size
-    if f == -1 or f >= s.world or (f > 0 and s.world % f == 0):
+    f = mesh.settings.fsdp_size
+    if mesh.fsdp_size_valid:
         return []
     return [
         Violation(
             field=_field(p, "fsdp_size"),
             rule="fsdp-size",
-            message=f"fsdpSize {f} is neither -1 nor a divisor of the {s.world} GPUs",
-            suggestions=[f"use fsdpSize -1 or {_or(nearest_divisor(max(f, 1), s.world))}"],
+            message=f"fsdpSize {f} is neither -1 nor a divisor of the {mesh.world} GPUs",
+            suggestions=[f"use fsdpSize -1 or {_or(nearest_divisor(max(f, 1), mesh.world))}"],
         )
     ]
 
 
-def mini_batch_per_gpu(p: Problem, s: Settings) -> list[Violation]:
+def mini_batch_per_gpu(p: Problem, mesh: Mesh) -> list[Violation]:
     """Rule 21: ``ppo_mini_batch_size x n`` divides over the data-parallel ranks, at least one per rank."""
-    dp = Mesh.of(p, s).data_parallel_size
-    total = s.ppo_mini_batch_size * s.rollout_n
-    if total % dp == 0 and total >= dp:
+    s, dp, total = mesh.settings, mesh.data_parallel_size, mesh.mini_sequences
+    if mesh.mini_divides_dp:
         return []
-    near = nearest_multiple(s.ppo_mini_batch_size, dp // math.gcd(dp, s.rollout_n), s.train_batch_size)
+    near = nearest_multiple(s.ppo_mini_batch_size, mesh.batch_step(dp), s.train_batch_size)
     return [
         Violation(
             field=_field(p, "ppo_mini_batch_size"),
             rule="mini-batch-per-gpu",
             message=(
                 f"ppoMiniBatchSize {s.ppo_mini_batch_size} x {s.rollout_n} = {total} sequences do not divide over "
-                f"{dp} data-parallel ranks ({s.world} GPUs / SP {s.sequence_parallel_size})"
+                f"{dp} data-parallel ranks ({mesh.world} GPUs / SP {mesh.sequence_parallel_size})"
             ),
             suggestions=[f"use ppoMiniBatchSize {_or(near)}"] if near else [],
         )
     ]
 
 
-def micro_divides_mini(p: Problem, s: Settings) -> list[Violation]:
+def micro_divides_mini(p: Problem, mesh: Mesh) -> list[Violation]:
     """Rule 22: without dynamic batch size, the per-GPU mini-batch is a multiple of the micro-batch."""
+    s = mesh.settings
     if s.dynamic_batch_size:
         return []
     micro = s.ppo_micro_batch_size_per_gpu
@@ -207,7 +208,6 @@ def micro_divides_mini(p: Problem, s: Settings) -> list[Violation]:
                 suggestions=["set ppoMicroBatchSizePerGpu, or dynamicBatchSize: true"],
             )
         ]
-    mesh = Mesh.of(p, s)
     per_gpu = mesh.mini_per_gpu
     if per_gpu > 0 and per_gpu % micro == 0:
         return []
@@ -226,8 +226,9 @@ def micro_divides_mini(p: Problem, s: Settings) -> list[Violation]:
     ]
 
 
-def log_prob_micro_divides(p: Problem, s: Settings) -> list[Violation]:
+def log_prob_micro_divides(p: Problem, mesh: Mesh) -> list[Violation]:
     """Rule 22 (verl >= 0.7): the per-GPU log-prob batch is a multiple of the log-prob micro-batch."""
+    s = mesh.settings
     if s.dynamic_batch_size or p.version == "0.6":
         return []
     micro = s.log_prob_micro_batch_size_per_gpu
@@ -240,7 +241,6 @@ def log_prob_micro_divides(p: Problem, s: Settings) -> list[Violation]:
                 suggestions=["set logProbMicroBatchSizePerGpu, or dynamicBatchSize: true"],
             )
         ]
-    mesh = Mesh.of(p, s)
     per_gpu = mesh.log_prob_per_gpu  # padded (the rule applies to verl >= 0.7 only)
     if per_gpu % micro == 0:
         return []
@@ -257,13 +257,14 @@ def log_prob_micro_divides(p: Problem, s: Settings) -> list[Violation]:
     ]
 
 
-def dynamic_token_budget(p: Problem, s: Settings) -> list[Violation]:
+def dynamic_token_budget(p: Problem, mesh: Mesh) -> list[Violation]:
     """Rule 24: with dynamic batch size, ``max_token_len_per_gpu x SP >= prompt + response``."""
+    s = mesh.settings
     if not s.dynamic_batch_size:
         return []
     out: list[Violation] = []
     need = p.seq_len
-    sp = s.sequence_parallel_size
+    sp = mesh.sequence_parallel_size
     # An unset log-prob budget follows the actor's (verl's oc.select default).
     budgets = [
         ("max_token_len_per_gpu", s.max_token_len_per_gpu),
@@ -274,7 +275,7 @@ def dynamic_token_budget(p: Problem, s: Settings) -> list[Violation]:
         budgets.append(("critic_max_token_len_per_gpu", p.critic_max_token_len_per_gpu or 32768))
     for name, budget in budgets:
         if name.startswith("critic"):
-            sp = p.critic_sequence_parallel_size
+            sp = mesh.critic_sequence_parallel_size
         if (
             name == "log_prob_max_token_len_per_gpu"
             and not p.pinned(name)
@@ -288,7 +289,7 @@ def dynamic_token_budget(p: Problem, s: Settings) -> list[Violation]:
                     field=field,
                     rule="dynamic-token-budget",
                     message="dynamicBatchSize needs a token budget per GPU",
-                    suggestions=[f"set maxTokenLenPerGpu >= {-(-2 * need // sp)}"],
+                    suggestions=[f"set maxTokenLenPerGpu >= {mesh.share(2 * need, sp)}"],
                 )
             )
         elif budget * sp < need:
@@ -301,8 +302,8 @@ def dynamic_token_budget(p: Problem, s: Settings) -> list[Violation]:
                         f"{p.max_prompt_length} + {p.max_response_length} = {need} tokens"
                     ),
                     suggestions=[
-                        f"use {_setting_name(field)} >= {-(-need // sp)} "
-                        f"(verl's docs advise >= {-(-2 * need // sp)})"
+                        f"use {_setting_name(field)} >= {mesh.share(need, sp)} "
+                        f"(verl's docs advise >= {mesh.share(2 * need, sp)})"
                     ],
                 )
             )
@@ -330,15 +331,15 @@ def _setting_name(field: str) -> str:
     return field.rsplit(".", 1)[-1]
 
 
-def sp_remove_padding(p: Problem, s: Settings) -> list[Violation]:
+def sp_remove_padding(p: Problem, mesh: Mesh) -> list[Violation]:
     """Rule 9: Ulysses SP > 1 needs ``model.use_remove_padding=True``."""
-    if s.sequence_parallel_size == 1 or p.use_remove_padding is not False:
+    if mesh.sequence_parallel_size == 1 or p.use_remove_padding is not False:
         return []
     return [
         Violation(
             field=_field(p, "use_remove_padding"),
             rule="sp-remove-padding",
-            message=f"sequenceParallelSize {s.sequence_parallel_size} needs use_remove_padding=True",
+            message=f"sequenceParallelSize {mesh.sequence_parallel_size} needs use_remove_padding=True",
             suggestions=["drop the use_remove_padding=False override", "or use sequenceParallelSize 1"],
         )
     ]
@@ -368,9 +369,9 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def check(p: Problem, s: Settings, rules: Iterable[Rule] = RULES) -> list[Violation]:
-    """All violations of ``rules`` for one candidate."""
+def check(p: Problem, mesh: Mesh, rules: Iterable[Rule] = RULES) -> list[Violation]:
+    """All violations of ``rules`` for one candidate (its mesh)."""
     out: list[Violation] = []
     for rule in rules:
-        out.extend(rule(p, s))
+        out.extend(rule(p, mesh))
     return out

@@ -3,12 +3,10 @@ length and the SPMD rollout's token budget, expert parallelism."""
 
 from __future__ import annotations
 
-import math
-
 from verl_operator.planner.arith import divisors, nearest, nearest_divisor
 from verl_operator.planner.arith import or_text as _or
-from verl_operator.planner.inputs import SPEC_PATHS, Problem, Settings
-from verl_operator.planner.mesh import Mesh, fits_nvlink_domain, heads_allow_tp
+from verl_operator.planner.inputs import SPEC_PATHS, Problem
+from verl_operator.planner.mesh import Mesh, fits_nvlink_domain, heads_allow_tp, replica_fits_nodes
 from verl_operator.planner.result import Violation
 
 
@@ -16,41 +14,42 @@ def _field(p: Problem, name: str) -> str:
     return p.source(name, SPEC_PATHS.get(name, name))
 
 
-def rollout_tp_divides_world(p: Problem, s: Settings) -> list[Violation]:
+def rollout_tp_divides_world(p: Problem, mesh: Mesh) -> list[Violation]:
     """Rule 16: the world size is a multiple of the rollout TP size."""
-    if s.world % s.rollout_tp == 0:
+    tp = mesh.rollout_tp
+    if mesh.divides_world(tp):
         return []
     return [
         Violation(
             field=_field(p, "rollout_tp"),
             rule="rollout-tp-divides-world",
-            message=f"{s.world} GPUs are not divisible by rollout tensorParallelSize {s.rollout_tp}",
-            suggestions=[f"use tensorParallelSize {_or(nearest_divisor(s.rollout_tp, s.world))}"],
+            message=f"{mesh.world} GPUs are not divisible by rollout tensorParallelSize {tp}",
+            suggestions=[f"use tensorParallelSize {_or(nearest_divisor(tp, mesh.world))}"],
         )
     ]
 
 
-def rollout_tp_heads(p: Problem, s: Settings) -> list[Violation]:
+def rollout_tp_heads(p: Problem, mesh: Mesh) -> list[Violation]:
     """vLLM: attention heads divisible by the rollout TP size."""
-    heads = p.shape.attention_heads
-    if heads_allow_tp(p.shape, s.rollout_tp):
+    heads, tp = p.shape.attention_heads, mesh.rollout_tp
+    if heads_allow_tp(p.shape, tp):
         return []
     return [
         Violation(
             field=_field(p, "rollout_tp"),
             rule="rollout-tp-heads",
-            message=f"the model's {heads} attention heads are not divisible by tensorParallelSize {s.rollout_tp}",
+            message=f"the model's {heads} attention heads are not divisible by tensorParallelSize {tp}",
             suggestions=[
-                f"use tensorParallelSize {_or(nearest_divisor(s.rollout_tp, math.gcd(heads, s.world)))}"
+                f"use tensorParallelSize {_or(nearest_divisor(tp, mesh.world_common_divisor(heads)))}"
             ],
         )
     ]
 
 
-def rollout_replica_node(p: Problem, s: Settings) -> list[Violation]:
+def rollout_replica_node(p: Problem, mesh: Mesh) -> list[Violation]:
     """Rules 17-18: a replica larger than a node spans whole nodes; a smaller one must not straddle two."""
-    tp, gpn = s.rollout_tp, s.gpus_per_node
-    if (tp > gpn and tp % gpn == 0) or (tp <= gpn and gpn % tp == 0):
+    tp, gpn = mesh.rollout_tp, mesh.gpus_per_node
+    if mesh.replica_fits_nodes:
         return []
     kind = "a multiple of" if tp > gpn else "a divisor of"
     return [
@@ -61,23 +60,21 @@ def rollout_replica_node(p: Problem, s: Settings) -> list[Violation]:
                 f"rollout tensorParallelSize {tp} is not {kind} the {gpn} GPUs per node: a vLLM replica would "
                 f"straddle nodes"
             ),
-            suggestions=[
-                f"use tensorParallelSize {_or(nearest(tp, lambda v: (v > gpn and v % gpn == 0) or (v <= gpn and gpn % v == 0)))}"
-            ],
+            suggestions=[f"use tensorParallelSize {_or(nearest(tp, lambda v: replica_fits_nodes(v, gpn)))}"],
         )
     ]
 
 
-def nvlink_groups(p: Problem, s: Settings) -> list[Violation]:
+def nvlink_groups(p: Problem, mesh: Mesh) -> list[Violation]:
     """With ``placement.nvlink: required``, rollout TP and SP groups sit inside one NVLink domain; on nodes
     whose domains are partial (bridged pairs), a pod must take the whole node (as placement requires)."""
     if not p.nvlink_required:
         return []
-    out: list[Violation] = _partial_domains(p, s)
+    out: list[Violation] = _partial_domains(p, mesh)
     dom = p.nvlink_domain
     for name, size, label in (
-        ("rollout_tp", s.rollout_tp, "rollout tensorParallelSize"),
-        ("sequence_parallel_size", s.sequence_parallel_size, "sequenceParallelSize"),
+        ("rollout_tp", mesh.rollout_tp, "rollout tensorParallelSize"),
+        ("sequence_parallel_size", mesh.sequence_parallel_size, "sequenceParallelSize"),
     ):
         if fits_nvlink_domain(size, dom):
             continue
@@ -98,9 +95,9 @@ def nvlink_groups(p: Problem, s: Settings) -> list[Violation]:
     return out
 
 
-def _partial_domains(p: Problem, s: Settings) -> list[Violation]:
-    group = Mesh.of(p, s).nvlink_group_size  # called with placement.nvlink: required only
-    if group <= 1 or not p.partial_domain_nodes or p.whole_node_fits >= s.nnodes:
+def _partial_domains(p: Problem, mesh: Mesh) -> list[Violation]:
+    group = mesh.nvlink_group_size  # called with placement.nvlink: required only
+    if group <= 1 or not p.partial_domain_nodes or p.whole_node_fits >= mesh.nnodes:
         return []
     return [
         Violation(
@@ -109,7 +106,7 @@ def _partial_domains(p: Problem, s: Settings) -> list[Violation]:
             message=(
                 f"NVLink groups of {group} GPUs on nodes with NVLink domains of {p.nvlink_domain} GPUs only: a pod "
                 f"must take a whole node to be sure of whole domains, and {p.whole_node_fits} of the nodes have "
-                f"exactly {s.gpus_per_node} GPUs for the {s.nnodes} pods"
+                f"exactly {mesh.gpus_per_node} GPUs for the {mesh.nnodes} pods"
             ),
             suggestions=[
                 "use whole nodes (spec.resources.gpus a multiple of the GPUs per node)",
@@ -119,7 +116,7 @@ def _partial_domains(p: Problem, s: Settings) -> list[Violation]:
     ]
 
 
-def max_model_len(p: Problem, s: Settings) -> list[Violation]:
+def max_model_len(p: Problem, mesh: Mesh) -> list[Violation]:
     """Rule 20: the rollout's max model length fits the model's ``max_position_embeddings``."""
     length = p.max_model_len if p.max_model_len is not None else p.seq_len
     limit = p.max_positions
@@ -141,7 +138,7 @@ def max_model_len(p: Problem, s: Settings) -> list[Violation]:
     ]
 
 
-def batched_tokens_cover_model_len(p: Problem, s: Settings) -> list[Violation]:
+def batched_tokens_cover_model_len(p: Problem, mesh: Mesh) -> list[Violation]:
     """verl 0.6 SPMD rollout: with chunked prefill, ``max_num_batched_tokens >= max_model_len``."""
     if not p.spmd_rollout or not p.chunked_prefill or p.max_num_batched_tokens >= p.model_len:
         return []
@@ -159,16 +156,16 @@ def batched_tokens_cover_model_len(p: Problem, s: Settings) -> list[Violation]:
     ]
 
 
-def rollout_expert_parallel(p: Problem, s: Settings) -> list[Violation]:
+def rollout_expert_parallel(p: Problem, mesh: Mesh) -> list[Violation]:
     """Rule 15: rollout expert parallelism > 1 must equal rollout TP x rollout DP (DP is 1 here)."""
     ep = p.rollout_ep
-    if ep is None or ep <= 1 or ep == s.rollout_tp:
+    if ep is None or ep <= 1 or ep == mesh.rollout_tp:
         return []
     return [
         Violation(
             field="spec.overrides (actor_rollout_ref.rollout.expert_parallel_size)",
             rule="rollout-expert-parallel",
-            message=f"rollout expert_parallel_size {ep} must equal tensorParallelSize {s.rollout_tp} x rollout DP 1",
+            message=f"rollout expert_parallel_size {ep} must equal tensorParallelSize {mesh.rollout_tp} x rollout DP 1",
             suggestions=[f"use tensorParallelSize {ep}", "or drop expert_parallel_size"],
         )
     ]

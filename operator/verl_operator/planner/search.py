@@ -26,7 +26,7 @@ from verl_operator.planner.budget import spend
 from verl_operator.planner.cluster import Layout
 from verl_operator.planner.inputs import Fixed, Problem, Settings
 from verl_operator.planner.memory import GIB, Estimate, estimate, max_gpu_memory_utilization
-from verl_operator.planner.mesh import Mesh, data_parallel_size
+from verl_operator.planner.mesh import Mesh
 from verl_operator.planner.result import Violation
 from verl_operator.planner.search_candidates import (
     default_train_batch,
@@ -81,37 +81,31 @@ MESH_RULES: tuple[rules.Rule, ...] = (
 )
 
 
-def _global_to_per_gpu(global_size: int | None, dp: int) -> int | None:
-    """verl 0.6's conversion of a deprecated global micro-batch: ``global // DP`` (0.9 workers need per-GPU)."""
-    if global_size is None:
-        return None
-    return global_size // dp
-
-
-def global_micro_violations(p: Problem, fixed: Fixed, dp: int, critic_dp: int) -> list[Violation]:
+def global_micro_violations(p: Problem, fixed: Fixed, mesh: Mesh) -> list[Violation]:
     """A deprecated global micro-batch smaller than the data-parallel size leaves 0 sequences per GPU."""
     out = []
-    for name, value, key, ranks in (
+    for name, value, key, critic in (
         (
             "ppo_micro_batch_size_global",
             fixed.ppo_micro_batch_size_global,
             "ppo_micro_batch_size_per_gpu",
-            dp,
+            False,
         ),
         (
             "log_prob_micro_batch_size_global",
             fixed.log_prob_micro_batch_size_global,
             "log_prob_micro_batch_size_per_gpu",
-            dp,
+            False,
         ),
         (
             "critic_ppo_micro_batch_size_global",
             fixed.critic_ppo_micro_batch_size_global,
             "critic.ppo_micro_batch_size_per_gpu",
-            critic_dp,
+            True,
         ),
     ):
-        if value is not None and value // ranks < 1:
+        ranks = mesh.critic_data_parallel_size if critic else mesh.data_parallel_size
+        if value is not None and (mesh.per_gpu_of_global(value, critic) or 0) < 1:
             out.append(
                 Violation(
                     field=p.source(name, name),
@@ -130,8 +124,8 @@ def _const(vs: list[Violation]) -> Callable[[], list[Violation]]:
     return lambda: vs
 
 
-def _memory(p: Problem, s: Settings, est: Estimate, kinds: tuple[str, ...]) -> Callable[[], list[Violation]]:
-    return lambda: [v for v in memory_violations(p, s, est) if v.rule in kinds]
+def _memory(p: Problem, mesh: Mesh, est: Estimate, kinds: tuple[str, ...]) -> Callable[[], list[Violation]]:
+    return lambda: [v for v in memory_violations(p, mesh, est) if v.rule in kinds]
 
 
 def _micro_options(per_gpu: int, pinned: int | None) -> list[int]:
@@ -216,96 +210,93 @@ def _base_settings(layout: Layout, fixed: Fixed, tb: int, n: int, sp: int, fsdp:
     )
 
 
-def _mesh_violations(p: Problem, fixed: Fixed, s: Settings) -> list[Violation]:
+def _mesh_violations(p: Problem, fixed: Fixed, mesh: Mesh) -> list[Violation]:
     """The violations of a candidate's mesh and mini-batch (checked before any memory estimate)."""
-    vs = rules.check(p, s, MESH_RULES)
-    if not s.dynamic_batch_size:
-        mesh = Mesh.of(p, s)
-        vs += global_micro_violations(p, fixed, mesh.data_parallel_size, mesh.critic_data_parallel_size)
+    vs = rules.check(p, mesh, MESH_RULES)
+    if not mesh.settings.dynamic_batch_size:
+        vs += global_micro_violations(p, fixed, mesh)
     if fixed.ppo_mini_batch_size is not None or not vs:
         # An unpinned mini-batch only fails because of another input; report that one.
-        vs += rules.mini_batch_per_gpu(p, s)
+        vs += rules.mini_batch_per_gpu(p, mesh)
     return vs
 
 
 def _search_mini(p: Problem, layout: Layout, fixed: Fixed, base: Settings, record: Recorder) -> Found | None:
     """Try the mini-batch candidates of one SP and FSDP size, then the rest of the settings."""
-    dp = data_parallel_size(base.world, base.sequence_parallel_size)
+    dp = Mesh.of(p, base).data_parallel_size
     for mini in mini_candidates(base.train_batch_size, base.rollout_n, dp, fixed):
         spend()
-        s = replace(base, ppo_mini_batch_size=mini)
-        vs = _mesh_violations(p, fixed, s)
+        mesh = Mesh.of(p, replace(base, ppo_mini_batch_size=mini))
+        vs = _mesh_violations(p, fixed, mesh)
         if vs:
             record(_const(vs), 0)
             continue
-        found = _search_rest(p, layout, fixed, s, record)
+        found = _search_rest(p, layout, fixed, mesh, record)
         if found is not None:
             return found
     return None
 
 
-def critic_micro(p: Problem, s: Settings, actor_micro: int, critic_per_gpu: int) -> int:
+def critic_micro(mesh: Mesh, actor_micro: int) -> int:
     """The critic's micro-batch: the largest divisor of its per-GPU mini-batch whose tokens per GPU do not exceed
     the actor's (``micro x seq / SP``; the critic has its own SP, and no logits, so it then fits too)."""
-    bound = max(1, actor_micro * p.critic_sequence_parallel_size // s.sequence_parallel_size)
-    fitting = [d for d in rules.divisors(max(critic_per_gpu, 1)) if d <= bound]
+    bound = mesh.critic_micro_bound(actor_micro)
+    fitting = [d for d in rules.divisors(max(mesh.critic_mini_per_gpu, 1)) if d <= bound]
     return max(fitting, default=1)
 
 
-def _budgets(p: Problem, s: Settings) -> list[int]:
+def _budgets(p: Problem, mesh: Mesh) -> list[int]:
     """Token budgets to try, largest first, down to the smallest that holds one whole sequence per GPU."""
-    floor = -(-p.seq_len // s.sequence_parallel_size)
+    floor = mesh.share(p.seq_len)
     return [b for b in TOKEN_BUDGET_STEPS if b >= floor]
 
 
-def _train_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
-    mesh = Mesh.of(p, s)
-    dp, critic_dp = mesh.data_parallel_size, mesh.critic_data_parallel_size
+def _train_options(p: Problem, mesh: Mesh, fixed: Fixed) -> Iterator[Mesh]:
+    s = mesh.settings
     if s.dynamic_batch_size:
         if fixed.max_token_len_per_gpu is not None:
-            yield s
+            yield mesh
             return
-        for budget in _budgets(p, s):
-            yield replace(s, max_token_len_per_gpu=budget)
+        for budget in _budgets(p, mesh):
+            yield mesh.changed(max_token_len_per_gpu=budget)
         return
     pinned = fixed.ppo_micro_batch_size_per_gpu
     if pinned is None and fixed.ppo_micro_batch_size_global is not None:
-        pinned = _global_to_per_gpu(fixed.ppo_micro_batch_size_global, dp)
+        pinned = mesh.per_gpu_of_global(fixed.ppo_micro_batch_size_global)
     for micro in _micro_options(mesh.mini_per_gpu, pinned):
         critic = fixed.critic_ppo_micro_batch_size_per_gpu
         if critic is None and fixed.critic_ppo_micro_batch_size_global is not None:
-            critic = _global_to_per_gpu(fixed.critic_ppo_micro_batch_size_global, critic_dp)
+            critic = mesh.per_gpu_of_global(fixed.critic_ppo_micro_batch_size_global, critic=True)
         if critic is None and p.needs_critic:
-            critic = critic_micro(p, s, micro, mesh.critic_mini_per_gpu)
-        yield replace(
-            s,
+            critic = critic_micro(mesh, micro)
+        yield mesh.changed(
             ppo_micro_batch_size_per_gpu=micro,
             critic_ppo_micro_batch_size_per_gpu=critic if p.needs_critic else None,
         )
 
 
-def _log_prob_options(p: Problem, s: Settings, fixed: Fixed) -> Iterator[Settings]:
+def _log_prob_options(p: Problem, mesh: Mesh, fixed: Fixed) -> Iterator[Mesh]:
+    s = mesh.settings
     if s.dynamic_batch_size:
         pinned = fixed.log_prob_max_token_len_per_gpu
         top = pinned or s.max_token_len_per_gpu
-        yield replace(s, log_prob_max_token_len_per_gpu=top)
+        yield mesh.changed(log_prob_max_token_len_per_gpu=top)
         if pinned is None and top is not None:
             # The forward pass keeps fewer bytes per token than the update but more per logit: when the
             # actor's budget does not fit it, smaller log-prob budgets are tried.
-            for budget in _budgets(p, s):
+            for budget in _budgets(p, mesh):
                 if budget < top:
-                    yield replace(s, log_prob_max_token_len_per_gpu=budget)
+                    yield mesh.changed(log_prob_max_token_len_per_gpu=budget)
         return
-    mesh = Mesh.of(p, s)
     pinned = fixed.log_prob_micro_batch_size_per_gpu
     if pinned is None and fixed.log_prob_micro_batch_size_global is not None:
-        pinned = _global_to_per_gpu(fixed.log_prob_micro_batch_size_global, mesh.data_parallel_size)
+        pinned = mesh.per_gpu_of_global(fixed.log_prob_micro_batch_size_global)
     # The per-GPU log-prob batch verl forms: padded on verl >= 0.7, the plain share on 0.6.
     for micro in _micro_options(mesh.log_prob_per_gpu, pinned):
-        yield replace(s, log_prob_micro_batch_size_per_gpu=micro)
+        yield mesh.changed(log_prob_micro_batch_size_per_gpu=micro)
 
 
-def _pinned_overrun(p: Problem, s: Settings, phase: str, pinned: bool, est: Estimate) -> str | None:
+def _pinned_overrun(p: Problem, mesh: Mesh, phase: str, pinned: bool, est: Estimate) -> str | None:
     """A warning for a user-pinned micro-batch or token budget whose estimate exceeds the GPU.
 
     Activations and logits scale with the tokens actually in a micro-batch; the estimate takes every
@@ -316,49 +307,50 @@ def _pinned_overrun(p: Problem, s: Settings, phase: str, pinned: bool, est: Esti
     peak = est.train.peak_bytes if phase == "train" else est.log_prob.peak_bytes
     if not pinned or peak <= p.gpu_memory_bytes:
         return None
-    tokens = p.tokens_per_sequence(s.sequence_parallel_size)
+    tokens = p.tokens_per_sequence(mesh.sequence_parallel_size)
     return (
         f"{phase} peak estimated at {peak / GIB:.1f} GiB of {p.gpu_memory_bytes / GIB:.1f} GiB with every sequence at "
         f"{tokens} tokens; the pinned {phase} micro-batch fits only if sequences are shorter"
     )
 
 
-def _search_rest(p: Problem, layout: Layout, fixed: Fixed, s0: Settings, record: Recorder) -> Found | None:
+def _search_rest(p: Problem, layout: Layout, fixed: Fixed, m0: Mesh, record: Recorder) -> Found | None:
     train_rules = (rules.micro_divides_mini, rules.critic_micro_divides_mini, rules.dynamic_token_budget)
+    dynamic = m0.settings.dynamic_batch_size
     train_pinned = (
         fixed.max_token_len_per_gpu is not None
-        if s0.dynamic_batch_size
+        if dynamic
         else fixed.ppo_micro_batch_size_per_gpu is not None or fixed.ppo_micro_batch_size_global is not None
     )
     lp_pinned = (
         (fixed.log_prob_max_token_len_per_gpu or fixed.max_token_len_per_gpu) is not None
-        if s0.dynamic_batch_size
+        if dynamic
         else fixed.log_prob_micro_batch_size_per_gpu is not None
         or fixed.log_prob_micro_batch_size_global is not None
     )
-    for s1 in _train_options(p, s0, fixed):
+    for m1 in _train_options(p, m0, fixed):
         spend()
-        vs = rules.check(p, s1, train_rules)
+        vs = rules.check(p, m1, train_rules)
         if vs:
             record(_const(vs), 1)
             continue
-        est = estimate(_memory_inputs(p, s1, layout.world))
-        train_warning = _pinned_overrun(p, s1, "train", train_pinned, est)
+        est = estimate(_memory_inputs(p, m1))
+        train_warning = _pinned_overrun(p, m1, "train", train_pinned, est)
         if est.train.peak_bytes > p.gpu_memory_bytes and train_warning is None:
-            record(_memory(p, s1, est, ("memory-train",)), 2)
+            record(_memory(p, m1, est, ("memory-train",)), 2)
             continue
-        for s2 in _log_prob_options(p, s1, fixed):
+        for m2 in _log_prob_options(p, m1, fixed):
             spend()
-            vs = rules.check(p, s2, (rules.log_prob_micro_divides, rules.dynamic_token_budget))
+            vs = rules.check(p, m2, (rules.log_prob_micro_divides, rules.dynamic_token_budget))
             if vs:
                 record(_const(vs), 3)
                 continue
-            est = estimate(_memory_inputs(p, s2, layout.world))
-            lp_warning = _pinned_overrun(p, s2, "log-prob", lp_pinned, est)
+            est = estimate(_memory_inputs(p, m2))
+            lp_warning = _pinned_overrun(p, m2, "log-prob", lp_pinned, est)
             if est.log_prob.peak_bytes > p.gpu_memory_bytes and lp_warning is None:
-                record(_memory(p, s2, est, ("memory-log-prob",)), 4)
+                record(_memory(p, m2, est, ("memory-log-prob",)), 4)
                 continue
-            found = _search_rollout(p, layout, fixed, s2, record)
+            found = _search_rollout(p, layout, fixed, m2, record)
             if found is None:
                 return None
             extra = tuple(w for w in (train_warning, lp_warning) if w is not None)
@@ -367,12 +359,12 @@ def _search_rest(p: Problem, layout: Layout, fixed: Fixed, s0: Settings, record:
     return None
 
 
-def _search_rollout(p: Problem, layout: Layout, fixed: Fixed, s2: Settings, record: Recorder) -> Found | None:
+def _search_rollout(p: Problem, layout: Layout, fixed: Fixed, m2: Mesh, record: Recorder) -> Found | None:
     for tp in tp_candidates(p, layout, fixed):
-        s3 = replace(s2, rollout_tp=tp)
+        m3 = m2.changed(rollout_tp=tp)
         vs = rules.check(
             p,
-            s3,
+            m3,
             (
                 rules.rollout_tp_divides_world,
                 rules.rollout_tp_heads,
@@ -386,19 +378,19 @@ def _search_rollout(p: Problem, layout: Layout, fixed: Fixed, s2: Settings, reco
             continue
         gmu = fixed.gpu_memory_utilization
         if gmu is None:
-            gmu = max_gpu_memory_utilization(_memory_inputs(p, s3, layout.world))
+            gmu = max_gpu_memory_utilization(_memory_inputs(p, m3))
             if gmu <= 0:
                 gmu = 0.05
-        s4 = replace(s3, gpu_memory_utilization=gmu)
-        est = estimate(_memory_inputs(p, s4, layout.world))
+        m4 = m3.changed(gpu_memory_utilization=gmu)
+        est = estimate(_memory_inputs(p, m4))
         if est.rollout.peak_bytes > p.gpu_memory_bytes or est.kv_cache_tokens < (p.model_len):
-            record(_memory(p, s4, est, ("memory-rollout", "kv-cache-max-model-len")), 6)
+            record(_memory(p, m4, est, ("memory-rollout", "kv-cache-max-model-len")), 6)
             continue
-        final = rules.check(p, s4)
+        final = rules.check(p, m4)
         if final:
             record(_const(final), 7)
             continue
-        return Found(s4, est)
+        return Found(m4.settings, est)
     if not tp_candidates(p, layout, fixed):
         no_tp = [
             Violation(

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import math
-
 from verl_operator.planner import rules
 from verl_operator.planner.cluster import Layout
 from verl_operator.planner.inputs import Fixed, Problem
-from verl_operator.planner.mesh import fits_nvlink_domain, heads_allow_sp, heads_allow_tp
+from verl_operator.planner.mesh import (
+    batch_step,
+    divides_over,
+    fewest_batch,
+    fits_nvlink_domain,
+    heads_allow_sp,
+    heads_allow_tp,
+    rollout_tp_sizes,
+)
 
 #: verl's default data.train_batch_size, the target when the batch is not pinned.
 DEFAULT_TRAIN_BATCH = 1024
@@ -15,7 +21,7 @@ DEFAULT_TRAIN_BATCH = 1024
 
 def default_train_batch(world: int, n: int) -> int:
     """The multiple of ``world / gcd(world, n)`` nearest to 1024 (``train_batch_size x n`` divides the world)."""
-    unit = world // math.gcd(world, n)
+    unit = batch_step(world, n)
     k = max(1, round(DEFAULT_TRAIN_BATCH / unit))
     return k * unit
 
@@ -45,13 +51,10 @@ def tp_candidates(p: Problem, layout: Layout, fixed: Fixed) -> list[int]:
         return [fixed.rollout_tp]
     if p.rollout_ep is not None and p.rollout_ep > 1:
         return [p.rollout_ep]  # verl: EP == TP x DP with rollout DP 1
-    gpn = layout.gpus_per_node
-    sizes = [*rules.divisors(gpn), *(gpn * k for k in range(2, layout.nnodes + 1))]
     return [
         tp
-        for tp in sizes
-        if layout.world % tp == 0
-        and heads_allow_tp(p.shape, tp)
+        for tp in rollout_tp_sizes(layout.gpus_per_node, layout.nnodes)
+        if heads_allow_tp(p.shape, tp)
         and (not p.nvlink_required or fits_nvlink_domain(tp, layout.nvlink_domain))
     ]
 
@@ -65,14 +68,14 @@ def mini_candidates(tb: int, n: int, dp: int, fixed: Fixed) -> list[int]:
     def key(m: int) -> tuple[int, int]:
         return (abs(m - target), -m)
 
-    valid = [m for m in rules.divisors(tb) if (m * n) % dp == 0 and m * n >= dp]
+    valid = [m for m in rules.divisors(tb) if divides_over(m * n, dp)]
     if valid:
         return [min(valid, key=key)]
     # No divisor of the batch works: a mini-batch that leaves a partial last one (verl >= 0.7 pads it). The
     # values with m x n % dp == 0 are the multiples of u = dp / gcd(dp, n); the closest to the target among
     # those with m x n >= dp and m <= tb is one of the two multiples around it, clipped to that range.
-    unit = dp // math.gcd(dp, n)
-    fewest = -(-dp // n)  # m x n >= dp
+    unit = batch_step(dp, n)
+    fewest = fewest_batch(dp, n)  # m x n >= dp
     low = unit * max(1, -(-fewest // unit))
     high = tb // unit * unit
     if low > high:
