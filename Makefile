@@ -27,11 +27,13 @@ $(BENCH_STAMP): $(STAMP)
 demo: venv
 	$(BIN)/verl-operator-dev demo
 
+# Lint includes the docs check: every path, make target and CLI command README.md and docs/ name exists.
 lint: venv
 	$(BIN)/ruff check operator launcher tools tests bench charts
 	$(BIN)/ruff format --check operator launcher tools tests bench charts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(PYTEST) -q tests/unit/test_docs_references.py
 
 test-unit: venv
 	$(PYTEST) tests/unit
