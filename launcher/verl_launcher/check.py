@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from verl_launcher.gpus import product_label, same_product
+from verl_contract.gpu_product import product_label, same_product
+from verl_contract.launch_spec import LaunchSpec
 from verl_launcher.probe import NodeProbe
-from verl_launcher.spec import LaunchSpec
 
 #: Allowed difference between the planned and the reported memory.total. Drivers, ECC and SKU revisions
 #: move the reported value by a few hundred MiB (an H100 80GB HBM3 reports 81559 MiB, an A100 80GB 81920).

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
+from verl_contract.launch_spec import ATTEMPT_ENV, LAUNCH_PATH, LAUNCH_SPEC_ENV, unknown_fields
 from verl_launcher import labels as node_labels_mod
 from verl_launcher.exits import (
     UNEXPECTED_ERROR_EXIT,
@@ -26,7 +27,7 @@ from verl_launcher.exits import (
 from verl_launcher.head import DEFAULT_PROGRESS_FILE, HeadOptions, log, run_head
 from verl_launcher.probe import FAKE_GPUS_ENV, collect_probe
 from verl_launcher.ray_cluster import RayOptions
-from verl_launcher.spec import DEFAULT_LAUNCH_SPEC, LAUNCH_SPEC_ENV, load_launch_spec, unknown_fields
+from verl_launcher.spec import load_launch_spec
 from verl_launcher.worker import WorkerOptions, run_worker
 
 RAY_EXECUTABLE_ENV = "VERL_LAUNCHER_RAY"
@@ -34,9 +35,7 @@ PROGRESS_FILE_ENV = "VERL_LAUNCHER_PROGRESS_FILE"
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--spec", help=f"launch spec path (default ${LAUNCH_SPEC_ENV} or {DEFAULT_LAUNCH_SPEC})"
-    )
+    parser.add_argument("--spec", help=f"launch spec path (default ${LAUNCH_SPEC_ENV} or {LAUNCH_PATH})")
     parser.add_argument("--ray-executable", help=f"the ray CLI (default ${RAY_EXECUTABLE_ENV} or `ray`)")
     parser.add_argument(
         "--ray-start-arg",
@@ -103,17 +102,17 @@ def _ray_options(args: argparse.Namespace, env: Mapping[str, str]) -> RayOptions
 
 
 def _attempt(env: Mapping[str, str]) -> int:
-    text = env.get("VERL_OPERATOR_ATTEMPT", "0") or "0"
+    text = env.get(ATTEMPT_ENV, "0") or "0"
     if not text.isdigit():
         raise LauncherError(
             ExitCode.INVALID_LAUNCH_SPEC,
-            f"VERL_OPERATOR_ATTEMPT must be a non-negative integer, got {text!r}",
+            f"{ATTEMPT_ENV} must be a non-negative integer, got {text!r}",
         )
     return int(text)
 
 
 def _run(args: argparse.Namespace, env: Mapping[str, str]) -> Outcome:
-    spec_path = args.spec or env.get(LAUNCH_SPEC_ENV) or DEFAULT_LAUNCH_SPEC
+    spec_path = args.spec or env.get(LAUNCH_SPEC_ENV) or LAUNCH_PATH
     spec = load_launch_spec(spec_path)
     extra = unknown_fields(spec)
     if extra:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 
@@ -92,26 +91,3 @@ def parse_list_gpus(text: str) -> tuple[Gpu, ...]:
                 f"line {number}: not a 'GPU <i>: <name> (UUID: ...)' line: {line.strip()!r}"
             )
     return tuple(sorted(gpus, key=lambda g: g.index))
-
-
-def product_label(name: str) -> str:
-    """The GPU Feature Discovery spelling of a product name (``NVIDIA H100 80GB HBM3`` -> ``NVIDIA-H100-80GB-HBM3``)."""
-    return "-".join(name.split())
-
-
-@functools.lru_cache(maxsize=4096)  # called per node and job by the planner: a few spellings, many calls
-def product_key(name: str) -> str:
-    """The comparison key of a GPU product name: the one rule the planner, placement and this check share.
-
-    Spellings differ by source: ``nvidia-smi`` prints ``NVIDIA H100 80GB HBM3``, GPU Feature Discovery labels
-    ``NVIDIA-H100-80GB-HBM3`` (``-SHARED`` appended under time-slicing), users write either, in any case, with
-    or without the vendor. The key upper-cases, makes ``-`` the only separator and drops the vendor prefix
-    and the sharing suffix: all of those give ``H100-80GB-HBM3``.
-    """
-    key = re.sub(r"[\s_-]+", "-", name.strip()).upper().strip("-")
-    return key.removesuffix("-SHARED").removeprefix("NVIDIA-")
-
-
-def same_product(a: str, b: str) -> bool:
-    """Whether two GPU product spellings name the same product (``product_key`` equal)."""
-    return product_key(a) == product_key(b)

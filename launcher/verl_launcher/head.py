@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from verl_contract.launch_spec import LaunchSpec
 from verl_launcher.check import check_nodes
 from verl_launcher.exits import ExitCode, LauncherError, Outcome
 from verl_launcher.processes import Child
@@ -22,7 +23,6 @@ from verl_launcher.ray_cluster import (
     lost_nodes,
     wait_for_cluster,
 )
-from verl_launcher.spec import LaunchSpec
 from verl_launcher.verl import build_argv, build_env
 
 #: Default progress file (``--progress-file`` / ``$VERL_LAUNCHER_PROGRESS_FILE``).

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_launcher.gpus import Gpu, GpuListParseError, parse_list_gpus, parse_query_gpu_csv, product_label
+from verl_contract.gpu_product import product_label
+from verl_launcher.gpus import Gpu, GpuListParseError, parse_list_gpus, parse_query_gpu_csv
 from verl_launcher.topology import Topology, TopologyParseError, parse_topo_matrix
 
 NVIDIA_SMI_ENV = "VERL_LAUNCHER_NVIDIA_SMI"

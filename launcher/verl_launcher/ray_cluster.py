@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from verl_contract.launch_spec import LaunchSpec
 from verl_launcher.exits import ExitCode, LauncherError
 from verl_launcher.probe import NodeProbe, collect_probe
-from verl_launcher.spec import LaunchSpec
 
 #: How long one probe task may take on a node (nvidia-smi plus a Ray worker start).
 PROBE_TIMEOUT_S = 180.0

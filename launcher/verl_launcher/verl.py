@@ -7,7 +7,7 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from verl_launcher.spec import LaunchSpec
+from verl_contract.launch_spec import LaunchSpec
 
 #: Variables verl's PPO entrypoint puts in its Ray runtime env (trainer/constants_ppo.py), set here too so the
 #: driver process and the Ray nodes agree; a value already in the pod's environment always wins.

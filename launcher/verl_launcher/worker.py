@@ -8,11 +8,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from verl_contract.launch_spec import LaunchSpec
 from verl_launcher.exits import ExitCode, LauncherError, Outcome
 from verl_launcher.head import log
 from verl_launcher.processes import Child
 from verl_launcher.ray_cluster import RayOptions, worker_start_argv
-from verl_launcher.spec import LaunchSpec
 from verl_launcher.verl import build_env
 
 #: What ``ray start`` prints once the node runs (scripts.py, both for the head and for workers).

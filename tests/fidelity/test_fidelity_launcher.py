@@ -34,7 +34,7 @@ def launch_argv(index: int, spec: Any, plan: Any) -> list[str]:
         spec = spec.model_copy(update={"checkpoint": checkpoint})
     job = {"metadata": {"name": f"job-{index}", "namespace": "team-a", "uid": f"uid-{index}"}}
     launch_plan = launchspec.LaunchPlan.from_plan_json(plan.model_dump(mode="json", by_alias=True), spec)
-    document = json.loads(json.dumps(launchspec.build_launch_spec(job, spec, launch_plan)))
+    document = json.loads(launchspec.build_launch_spec(job, spec, launch_plan).to_json())
     parsed = launcher_spec.parse_launch_spec(document, source=f"job-{index}/launch.json")
     return list(launcher_verl.build_argv(parsed, attempt=index % 2))
 

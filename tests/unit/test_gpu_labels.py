@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import make_spec
 
-from verl_launcher.gpus import same_product
+from verl_contract.gpu_product import same_product
 from verl_operator.planner import plan_job
 from verl_operator.planner.cluster import exclusion_reason
 from verl_operator.planner.facts import node_facts

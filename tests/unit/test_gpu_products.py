@@ -1,4 +1,4 @@
-"""One product-name rule (``verl_launcher.gpus.product_key``) for the planner, placement, manifests and the
+"""One product-name rule (``verl_contract.gpu_product.product_key``) for the planner, placement, manifests and the
 launcher's check: every spelling of a product plans, places and passes the launcher's check the same way."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from verl_launcher.gpus import product_key, same_product
+from verl_contract.gpu_product import product_key, same_product
 from verl_operator.commands.plan import load_nodes
 from verl_operator.commands.render import render
 

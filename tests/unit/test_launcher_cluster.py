@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from verl_contract.launch_spec import LaunchSpec
 from verl_launcher.exits import ExitCode, LauncherError
 from verl_launcher.ray_cluster import (
     RayNode,
@@ -17,7 +18,7 @@ from verl_launcher.ray_cluster import (
     wait_for_cluster,
     worker_start_argv,
 )
-from verl_launcher.spec import LaunchSpec, parse_launch_spec
+from verl_launcher.spec import parse_launch_spec
 
 
 def make_spec(nnodes: int = 2, gpus: int = 8) -> LaunchSpec:

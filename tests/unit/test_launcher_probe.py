@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
+from verl_contract.gpu_product import product_label
+from verl_contract.launch_spec import LaunchSpec
 from verl_launcher.check import check_node, check_nodes
-from verl_launcher.gpus import GpuListParseError, parse_list_gpus, parse_query_gpu_csv, product_label
+from verl_launcher.gpus import GpuListParseError, parse_list_gpus, parse_query_gpu_csv
 from verl_launcher.probe import NodeProbe, collect_probe, parse_gpu_listing
-from verl_launcher.spec import LaunchSpec, parse_launch_spec
+from verl_launcher.spec import parse_launch_spec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
 H100_QUERY = "".join(f"{i}, NVIDIA H100 80GB HBM3, 81559 MiB\n" for i in range(8))

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from verl_contract.launch_spec import unknown_fields
 from verl_launcher.exits import ExitCode, LauncherError
-from verl_launcher.spec import load_launch_spec, parse_launch_spec, unknown_fields
+from verl_launcher.spec import load_launch_spec, parse_launch_spec
 
 CONTRACT_EXAMPLE: dict[str, Any] = {
     "apiVersion": "verl-operator.io/v1alpha1",

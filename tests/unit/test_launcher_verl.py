@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from verl_launcher.spec import LaunchSpec, parse_launch_spec
+from verl_contract.launch_spec import LaunchSpec
+from verl_launcher.spec import parse_launch_spec
 from verl_launcher.verl import VERL_RECOMMENDED_ENV, build_argv, build_env, override_key
 
 ENTRY = ["python3", "-m", "verl.trainer.main_ppo"]

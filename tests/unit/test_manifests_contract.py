@@ -1,4 +1,4 @@
-"""The launch contract end to end: what the operator writes, the launcher's own parser accepts."""
+"""The launch contract end to end: the operator fills the contract's model, the launcher reads it back as is."""
 
 from __future__ import annotations
 
@@ -7,12 +7,32 @@ from typing import Any
 
 import pytest
 
+from verl_contract.launch_spec import LAUNCH_KEY, LaunchSpec, unknown_fields
+from verl_launcher.spec import parse_launch_spec
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.manifests import LaunchPlan, build_launch_configmap
-
-launcher_spec = pytest.importorskip("verl_launcher.spec")
+from verl_operator.manifests import LaunchPlan, build_launch_configmap, build_launch_spec
 
 JOB = {"metadata": {"name": "demo", "namespace": "default", "uid": "1234"}}
+SPEC = VerlJobSpec.model_validate(
+    {
+        "verl": {"image": "i"},
+        "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
+        "resources": {"gpus": 16, "gpusPerNode": 8},
+    }
+)
+
+
+def _plan(**changes: Any) -> LaunchPlan:
+    base: dict[str, Any] = {
+        "verl_version": "0.9",
+        "nnodes": 2,
+        "gpus_per_node": 8,
+        "overrides": ("trainer.nnodes=2", "trainer.n_gpus_per_node=8", "trainer.total_epochs=1"),
+        "nvlink_group_size": 2,
+        "require_nvlink": True,
+        "nodes": ("a", "b"),
+    }
+    return LaunchPlan(**{**base, **changes})
 
 
 @pytest.mark.parametrize(
@@ -22,29 +42,39 @@ JOB = {"metadata": {"name": "demo", "namespace": "default", "uid": "1234"}}
         pytest.param({}, None, None, id="nulls-allowed"),
     ],
 )
-def test_the_launcher_parses_the_operators_launch_json(
+def test_the_launcher_reads_back_the_model_the_operator_wrote(
     checkpoint: dict[str, Any], product: str | None, memory: int | None
 ) -> None:
-    spec = VerlJobSpec.model_validate(
-        {
-            "verl": {"image": "i"},
-            "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
-            "resources": {"gpus": 16, "gpusPerNode": 8},
-            "checkpoint": checkpoint,
-        }
+    spec = SPEC.model_copy(update={"checkpoint": SPEC.checkpoint.model_copy(update=checkpoint)})
+    plan = _plan(gpu_product=product, gpu_memory_mib=memory)
+    written = build_launch_spec(JOB, spec, plan)
+    text = build_launch_configmap(JOB, spec, plan)["data"][LAUNCH_KEY]
+    assert text == written.to_json()
+    parsed = parse_launch_spec(json.loads(text))
+    assert isinstance(parsed, LaunchSpec) and parsed == written
+    assert (
+        parsed.total_gpus == 16
+        and parsed.expect.gpu_product == product
+        and parsed.checkpoint.dir == (checkpoint.get("dir"))
     )
-    plan = LaunchPlan(
-        verl_version="0.9",
-        nnodes=2,
-        gpus_per_node=8,
-        overrides=("trainer.nnodes=2", "trainer.n_gpus_per_node=8", "trainer.total_epochs=1"),
-        nvlink_group_size=2,
-        require_nvlink=True,
-        gpu_product=product,
-        gpu_memory_mib=memory,
-        nodes=("a", "b"),
+    assert unknown_fields(parsed) == []
+
+
+def test_integral_deadlines_stay_integers_in_launch_json() -> None:
+    """Unchanged bytes for unchanged jobs: ``600``, not ``600.0`` (a changed ConfigMap is rewritten)."""
+    document = json.loads(build_launch_spec(JOB, SPEC, _plan()).to_json())
+    assert document["timeouts"] == {"clusterReadySeconds": 600, "workerJoinSeconds": 600}
+    assert (
+        LaunchSpec.model_validate(
+            {**document, "timeouts": {"clusterReadySeconds": 1.5}}
+        ).timeouts.cluster_ready_seconds
+        == 1.5
     )
-    document = json.loads(build_launch_configmap(JOB, spec, plan)["data"]["launch.json"])
-    parsed = launcher_spec.parse_launch_spec(document)
-    assert parsed.nnodes == 2 and parsed.total_gpus == 16
-    assert launcher_spec.unknown_fields(parsed) == []
+
+
+def test_the_operator_cannot_write_what_the_launcher_would_refuse() -> None:
+    """One model: a bad value fails where the spec is built, naming the field, not in the pod."""
+    with pytest.raises(ValueError, match="nnodes"):
+        build_launch_spec(JOB, SPEC, _plan(nnodes=0))
+    with pytest.raises(ValueError, match="overrides"):
+        build_launch_spec(JOB, SPEC, _plan(overrides=("not an override",)))

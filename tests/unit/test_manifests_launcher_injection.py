@@ -18,16 +18,15 @@ from typing import Any
 import pytest
 from test_manifests_children import JOB, PLAN, check_snapshot, make_spec
 
-from verl_launcher.spec import LaunchSpec
 from verl_launcher.verl import build_env, launcher_archive
-from verl_operator.launcher_zipapp import launcher_zipapp
+from verl_operator.devcluster.imagebuild import launcher_zipapp
 from verl_operator.manifests import build_children, build_head_pod, build_launch_spec, build_worker_pod
 from verl_operator.manifests.launchspec import LAUNCHER_IN_OPERATOR_IMAGE, LAUNCHER_PYZ
 
 OPERATOR_IMAGE = "ghcr.io/verl-operator/verl-operator:0.1.0"
 INJECTING = dataclasses.replace(PLAN, launcher_image=OPERATOR_IMAGE)
 LAUNCHER_SOURCES = Path(__file__).resolve().parents[2] / "launcher" / "verl_launcher"
-LAUNCH_DOC = build_launch_spec(JOB, make_spec(), PLAN)
+LAUNCH_SPEC = build_launch_spec(JOB, make_spec(), PLAN)
 
 
 def ray_container(pod: dict[str, Any]) -> dict[str, Any]:
@@ -82,7 +81,7 @@ def test_the_copy_lands_where_the_ray_container_runs_it() -> None:
     assert "emptyDir" in volume
 
 
-def test_the_zipapp_holds_only_the_launcher_and_is_reproducible() -> None:
+def test_the_zipapp_holds_only_the_launcher_and_the_contract_and_is_reproducible() -> None:
     first, second = launcher_zipapp(LAUNCHER_SOURCES), launcher_zipapp(LAUNCHER_SOURCES)
     assert first == second
     assert first.startswith(b"#!/usr/bin/env python3\n")
@@ -95,8 +94,10 @@ def test_the_zipapp_runs_with_a_plain_python(tmp_path: Path) -> None:
     with zipfile.ZipFile(pyz) as archive:
         names = archive.namelist()
     assert "__main__.py" in names
-    assert all(n == "__main__.py" or n.startswith("verl_launcher/") for n in names)
-    assert "verl_launcher/cli.py" in names
+    assert all(n == "__main__.py" or n.startswith(("verl_launcher/", "verl_contract/")) for n in names)
+    assert {"verl_launcher/cli.py", "verl_contract/launch_spec.py", "verl_contract/gpu_product.py"} <= set(
+        names
+    )
     done = subprocess.run(
         [sys.executable, "-I", str(pyz), "head", "--help"],
         capture_output=True,
@@ -111,14 +112,16 @@ def test_the_zipapp_runs_with_a_plain_python(tmp_path: Path) -> None:
             sys.executable,
             "-I",
             "-c",
-            "import sys; sys.path.insert(0, sys.argv[1]); import verl_launcher; print(verl_launcher.__file__)",
+            "import sys; sys.path.insert(0, sys.argv[1]); import verl_launcher.cli, verl_contract; "
+            "print(verl_launcher.__file__); print(verl_contract.__file__)",
             str(pyz),
         ],
         capture_output=True,
         text=True,
         check=False,
     )
-    assert where.stdout.strip().startswith(str(pyz)), where.stdout + where.stderr
+    files = where.stdout.split()
+    assert len(files) == 2 and all(f.startswith(str(pyz)) for f in files), where.stdout + where.stderr
 
 
 @pytest.mark.parametrize(
@@ -149,5 +152,5 @@ def test_ray_processes_started_from_the_zipapp_can_import_the_launcher(tmp_path:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == str(pyz)
-    env = build_env(LaunchSpec.model_validate(LAUNCH_DOC), {"PYTHONPATH": "/extra"})
+    env = build_env(LAUNCH_SPEC, {"PYTHONPATH": "/extra"})
     assert env["PYTHONPATH"] == "/extra", "an installed launcher leaves PYTHONPATH alone"

@@ -18,10 +18,11 @@ from conftest import make_nodes, make_spec
 from hypothesis import HealthCheck, given, settings
 from test_plan_places import jobs
 
+from verl_contract.launch_spec import LaunchSpec
 from verl_launcher.check import check_node
 from verl_launcher.gpus import Gpu
 from verl_launcher.probe import NodeProbe
-from verl_launcher.spec import LaunchSpec, parse_launch_spec
+from verl_launcher.spec import parse_launch_spec
 from verl_launcher.topology import Topology
 from verl_operator.api.plan import Plan
 from verl_operator.api.spec import VerlJobSpec

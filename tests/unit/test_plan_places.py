@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verl_launcher.gpus import same_product
+from verl_contract.gpu_product import same_product
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.commands.plan import load_nodes
 from verl_operator.commands.render import render

@@ -17,6 +17,7 @@ from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any
 
+from verl_contract.launch_spec import LAUNCH_KEY
 from verl_operator.api.status import VerlJobStatus, parse_status
 from verl_operator.controller import config, metrics
 from verl_operator.controller.decide import (
@@ -32,7 +33,6 @@ from verl_operator.controller.refused import ChildBlocked, ChildRefused
 from verl_operator.controller.snapshot import Reservations, Snapshot
 from verl_operator.controller.status import merge_patch
 from verl_operator.controller.transition import Transition
-from verl_operator.manifests.launchspec import LAUNCH_KEY
 from verl_operator.planner.facts import NodeFacts
 
 log = logging.getLogger("verl_operator.reconcile")

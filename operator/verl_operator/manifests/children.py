@@ -6,21 +6,25 @@ Every builder is pure and returns a whole manifest; the controller creates them 
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from verl_operator.api.spec import API_VERSION, KIND, VerlJobSpec
-from verl_operator.manifests.launchspec import (
+from verl_contract.launch_spec import (
+    ATTEMPT_ENV,
     LAUNCH_DIR,
     LAUNCH_KEY,
     LAUNCH_PATH,
+    LAUNCH_SPEC_ENV,
+    RAY_DASHBOARD_PORT,
+    RAY_GCS_PORT,
+    ROLE_ENV,
+)
+from verl_operator.api.spec import API_VERSION, KIND, VerlJobSpec
+from verl_operator.manifests.launchspec import (
     LAUNCHER_DIR,
     LAUNCHER_IN_OPERATOR_IMAGE,
     LAUNCHER_PYZ,
     RAY_CLIENT_PORT,
-    RAY_DASHBOARD_PORT,
-    RAY_GCS_PORT,
     LaunchPlan,
     build_launch_spec,
     job_identity,
@@ -111,7 +115,7 @@ def build_launch_configmap(job: Mapping[str, Any], spec: VerlJobSpec, plan: Laun
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _metadata(job, ChildNames(name, namespace).configmap),
-        "data": {LAUNCH_KEY: json.dumps(document, indent=2, sort_keys=True) + "\n"},
+        "data": {LAUNCH_KEY: document.to_json()},
     }
 
 
@@ -183,9 +187,9 @@ def _resources(spec: VerlJobSpec, plan: LaunchPlan) -> dict[str, Any]:
 
 def _env(role: str, attempt: int, spec: VerlJobSpec) -> list[dict[str, Any]]:
     ours: list[dict[str, Any]] = [
-        {"name": "VERL_LAUNCH_SPEC", "value": LAUNCH_PATH},
-        {"name": "VERL_OPERATOR_ROLE", "value": role},
-        {"name": "VERL_OPERATOR_ATTEMPT", "value": str(attempt)},
+        {"name": LAUNCH_SPEC_ENV, "value": LAUNCH_PATH},
+        {"name": ROLE_ENV, "value": role},
+        {"name": ATTEMPT_ENV, "value": str(attempt)},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},

@@ -1,4 +1,5 @@
-"""The launch spec (``launch.json``): the operator-to-launcher contract."""
+"""The job's launch spec (``launch.json``): the contract's :class:`~verl_contract.launch_spec.LaunchSpec`
+filled from the plan, its placement and the VerlJob."""
 
 from __future__ import annotations
 
@@ -6,17 +7,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from verl_contract.launch_spec import (
+    API_VERSION,
+    KIND,
+    RAY_DASHBOARD_PORT,
+    RAY_GCS_PORT,
+    Checkpoint,
+    Expect,
+    HeadAddress,
+    JobRef,
+    LaunchSpec,
+)
 from verl_operator.api.plan import Plan
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.manifests.names import ChildNames
 from verl_operator.planner.mesh import nvlink_group_per_node, pod_cpu
 
-RAY_GCS_PORT = 6379
-RAY_DASHBOARD_PORT = 8265
+#: Ray's client server port on the head (``ray://``); not part of the launch contract.
 RAY_CLIENT_PORT = 10001
-LAUNCH_DIR = "/etc/verl-operator"
-LAUNCH_KEY = "launch.json"
-LAUNCH_PATH = f"{LAUNCH_DIR}/{LAUNCH_KEY}"
 #: The self-contained launcher (a zipapp) inside the operator image, and where Ray pods get a copy of it.
 LAUNCHER_IN_OPERATOR_IMAGE = "/opt/verl-operator/share/verl-launcher.pyz"
 LAUNCHER_DIR = "/opt/verl-launcher"
@@ -25,9 +33,6 @@ ENTRYPOINT = ("python3", "-m", "verl.trainer.main_ppo")
 #: Pod network interface of a standard Kubernetes pod; NCCL and Gloo otherwise may pick a wrong one
 #: (verl issues #967, #597).
 DEFAULT_NETWORK_ENV = {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
-#: Time the launcher waits for all planned Ray nodes / for joining the head (contract defaults).
-CLUSTER_READY_SECONDS = 600
-WORKER_JOIN_SECONDS = 600
 
 
 @dataclass(frozen=True)
@@ -119,8 +124,8 @@ def job_identity(job: Mapping[str, Any]) -> tuple[str, str, str]:
     return str(meta["name"]), str(meta.get("namespace") or "default"), str(meta.get("uid", ""))
 
 
-def build_launch_spec(job: Mapping[str, Any], spec: VerlJobSpec, plan: LaunchPlan) -> dict[str, Any]:
-    """The ``launch.json`` document of the contract.
+def build_launch_spec(job: Mapping[str, Any], spec: VerlJobSpec, plan: LaunchPlan) -> LaunchSpec:
+    """The job's launch spec; :meth:`LaunchSpec.to_json` is ``launch.json``.
 
     Args:
         job: The VerlJob body (metadata is read).
@@ -128,28 +133,28 @@ def build_launch_spec(job: Mapping[str, Any], spec: VerlJobSpec, plan: LaunchPla
         plan: The plan and placement.
 
     Returns:
-        The camelCase dict written as JSON into the ConfigMap.
+        The contract's model (the bootstrap deadlines are the contract's defaults).
     """
     name, namespace, uid = job_identity(job)
-    names = ChildNames(name, namespace)
-    return {
-        "apiVersion": "verl-operator.io/v1alpha1",
-        "kind": "LaunchSpec",
-        "job": {"name": name, "namespace": namespace, "uid": uid},
-        "verlVersion": plan.verl_version,
-        "nnodes": plan.nnodes,
-        "gpusPerNode": plan.gpus_per_node,
-        "head": {"host": names.head_host, "port": RAY_GCS_PORT, "dashboardPort": RAY_DASHBOARD_PORT},
-        "entrypoint": list(ENTRYPOINT),
-        "overrides": list(plan.overrides),
-        "env": dict(DEFAULT_NETWORK_ENV),
-        "expect": {
-            "gpuProduct": plan.gpu_product,
-            "gpuMemoryMiB": plan.gpu_memory_mib,
-            "requireNvlink": plan.require_nvlink,
+    return LaunchSpec(
+        api_version=API_VERSION,
+        kind=KIND,
+        job=JobRef(name=name, namespace=namespace, uid=uid),
+        verl_version=plan.verl_version,
+        nnodes=plan.nnodes,
+        gpus_per_node=plan.gpus_per_node,
+        head=HeadAddress(
+            host=ChildNames(name, namespace).head_host, port=RAY_GCS_PORT, dashboard_port=RAY_DASHBOARD_PORT
+        ),
+        entrypoint=ENTRYPOINT,
+        overrides=plan.overrides,
+        env=dict(DEFAULT_NETWORK_ENV),
+        expect=Expect(
+            gpu_product=plan.gpu_product,
+            gpu_memory_mib=plan.gpu_memory_mib,
+            require_nvlink=plan.require_nvlink,
             # Per node: a group that spans nodes of one clique needs each node's GPUs linked.
-            "nvlinkGroupSize": plan.node_nvlink_group,
-        },
-        "checkpoint": {"dir": spec.checkpoint.dir, "resume": spec.checkpoint.resume},
-        "timeouts": {"clusterReadySeconds": CLUSTER_READY_SECONDS, "workerJoinSeconds": WORKER_JOIN_SECONDS},
-    }
+            nvlink_group_size=plan.node_nvlink_group,
+        ),
+        checkpoint=Checkpoint(dir=spec.checkpoint.dir, resume=spec.checkpoint.resume),
+    )

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from verl_launcher.gpus import same_product
+from verl_contract.gpu_product import same_product
 from verl_operator.placement.model import NodeCapacity, Placement, PlacementRequest
 from verl_operator.planner.mesh import fits_nvlink_domain
 

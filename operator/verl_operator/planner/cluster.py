@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verl_launcher.gpus import same_product
+from verl_contract.gpu_product import same_product
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner.facts import NodeFacts, Taint, cpu_millicores, memory_bytes
 from verl_operator.planner.mesh import pod_cpu, pod_memory

@@ -9,12 +9,12 @@ Karpenter spellings; MIG and sharing) are read by :mod:`verl_operator.planner.gp
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_contract.gpu_product import product_key
 from verl_operator.planner.gpu_labels import read_gpu_labels
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -37,7 +37,7 @@ TOPOLOGY_LABELS: tuple[str, ...] = (
 )
 
 #: GPU memory in MiB by product (what the GPU reports), used when ``nvidia.com/gpu.memory`` is absent.
-#: Keys are matched against the normalised product name (upper case, ``-`` separators), longest key first.
+#: Keys are matched against the product's :func:`~verl_contract.gpu_product.product_key`, longest key first.
 GPU_MEMORY_MIB: dict[str, int] = {
     "GB200": 189471,
     "B200": 183359,
@@ -159,14 +159,8 @@ class NodeFacts:
     compute_capability: tuple[int, int] | None = None
 
 
-@functools.lru_cache(maxsize=4096)  # a cluster has a handful of product names; planning reads them per node
-def normalise_product(product: str) -> str:
-    """Upper-case a GPU product name and use ``-`` as the only separator (``NVIDIA H100 80GB`` -> ``NVIDIA-H100-80GB``)."""
-    return re.sub(r"[\s_]+", "-", product.strip()).upper()
-
-
 def _tokens(product: str) -> list[str]:
-    return [t for t in normalise_product(product).split("-") if t]
+    return [t for t in product_key(product).split("-") if t]
 
 
 def memory_from_product(product: str) -> int | None:
@@ -175,7 +169,7 @@ def memory_from_product(product: str) -> int | None:
     Args:
         product: The ``nvidia.com/gpu.product`` value, e.g. ``NVIDIA-H100-80GB-HBM3``.
     """
-    norm = normalise_product(product)
+    norm = product_key(product)
     for key in sorted(GPU_MEMORY_MIB, key=lambda k: (-len(k), k)):
         # Match whole dash-separated tokens so that "L4" does not match "L40S".
         if re.search(rf"(^|-){re.escape(key)}(-|$)", norm):

@@ -1,1 +1,0 @@
-"""Subcommands of the ``verl-operator-dev`` CLI (see ``verl_devtools.cli``)."""
