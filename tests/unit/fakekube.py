@@ -2,7 +2,10 @@
 
 It keeps objects as the API server would return them (camelCase dicts), applies status merge patches by
 RFC 7386, answers a create of an existing object with False, and records every write and event, so a test
-reads what one pass did. It is a test double of the API server's storage, not of the reconciler's logic.
+reads what one pass did. It is a test double of the API server's storage, not of the reconciler's logic: the
+cluster snapshot a pass plans on comes from the operator's own watch cache
+(:class:`~verl_operator.controller.cache.WatchCache`) fed with these objects, so the GPUs in use, the
+reservations of placed jobs and the queue are derived by the operator's code, not a copy of it here.
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_operator.controller.cache import WatchCache
 from verl_operator.controller.kube import MissingAPIError
-from verl_operator.controller.queue import Priorities, waiting_entry
 from verl_operator.controller.refused import classify, name_taken
-from verl_operator.controller.snapshot import Snapshot, pod_usage_entry
+from verl_operator.controller.snapshot import Snapshot
 from verl_operator.manifests.names import LABEL_JOB
 
 
@@ -116,8 +119,11 @@ class FakeKube:
 
     # ---- helpers for tests -------------------------------------------------------------------------
     def add(self, obj: dict[str, Any]) -> None:
-        """Store an object as it is (a VerlJob, a foreign pod)."""
+        """Store an object as it is (a VerlJob, a foreign pod); a pod without a uid gets one, as the API server
+        gives every object."""
         meta = obj["metadata"]
+        if obj["kind"] == "Pod":
+            meta.setdefault("uid", f"uid-{meta['name']}")
         self.objects[(str(obj["kind"]), str(meta.get("namespace", "default")), str(meta["name"]))] = obj
 
     def pods(self) -> dict[str, dict[str, Any]]:
@@ -129,15 +135,17 @@ class FakeKube:
         return sorted(f"{kind}/{name}" for kind, _, name in self.objects if kind != "VerlJob")
 
     def snapshot(self, nodes: list[dict[str, Any]]) -> Snapshot:
-        """The cluster snapshot the runtime would build: the nodes, GPU pods, live jobs, the queue."""
-        entries = [e for o in self.pods().values() if (e := pod_usage_entry(o)) is not None]
-        jobs = [o for (kind, _, _), o in self.objects.items() if kind == "VerlJob"]
-        return Snapshot(
-            nodes=nodes,
-            pod_entries=entries,
-            reservations=[],
-            live_uids=frozenset(str(j["metadata"]["uid"]) for j in jobs),
-            live_jobs=frozenset(f"{j['metadata']['namespace']}/{j['metadata']['name']}" for j in jobs),
-            queue=[w for j in jobs if (w := waiting_entry(j)) is not None],
-            priorities=Priorities(values=dict(self.priority_classes)),
-        )
+        """The cluster snapshot the runtime would build: the operator's watch cache fed with the nodes and
+        every stored pod, VerlJob and PriorityClass, as its watches would show them (GPUs in use, the
+        reservations of placed jobs, live jobs, the queue)."""
+        cache = WatchCache()
+        for node in nodes:
+            cache.put_node(node)
+        for (kind, _, _), obj in self.objects.items():
+            if kind == "Pod":
+                cache.put_pod(obj)
+            elif kind == "VerlJob":
+                cache.put_job(obj)
+        for name, value in self.priority_classes.items():
+            cache.put_priority_class({"metadata": {"name": name}, "value": value})
+        return cache.snapshot()

@@ -649,14 +649,49 @@ def test_a_job_being_deleted_is_left_alone() -> None:
 
 
 def test_decide_is_pure_and_deterministic() -> None:
+    """The same observation gives the same whole transition, and decide leaves what it read as it was (it
+    has no API to write to: a decision that changed its input would be a write the reconciler never makes)."""
     world = World()
     world.submit(SPEC)
+    passes(2)(world)  # placed, pods created: the next decision reads the pods and the snapshot
+    pods_are("Running")(world)
     job = world.job()
     assert job is not None
-    seen = Observed(job, parse_status(None), (), world.kube.snapshot(world.nodes), (), T0)
+    pods = world.kube.job_pods(NS, NAME)
+    seen = Observed(job, parse_status(job["status"]), pods, world.kube.snapshot(world.nodes), (), T0 + 5)
+    before = json.dumps([job, pods], sort_keys=True)
     first, second = decide(seen), decide(seen)
-    assert first.status == second.status and first.event == second.event
-    assert world.kube.writes == []
+    assert first == second
+    assert first.status is not None and first.status.phase == "Running"
+    assert json.dumps([seen.job, seen.pods], sort_keys=True) == before
+
+
+def test_gpus_of_a_job_placed_before_a_restart_are_not_given_to_another() -> None:
+    """A job placed on both nodes whose pods were not created yet (the operator restarted in between) holds
+    their GPUs through its status alone: the snapshot's reservations, read from the status by the watch
+    cache, keep a second job of 16 GPUs waiting."""
+    world = World()
+    world.kube.add(
+        {
+            "apiVersion": "verl-operator.io/v1alpha1",
+            "kind": "VerlJob",
+            "metadata": {"name": "first", "namespace": NS, "uid": "uid-first", "generation": 1},
+            "spec": SPEC,
+            "status": {
+                "phase": "Starting",
+                "reason": "Placed",
+                "placement": {
+                    "attempt": 0,
+                    "nodes": [n["metadata"]["name"] for n in world.nodes],
+                    "gpusPerNode": 8,
+                },
+            },
+        }
+    )
+    world.submit(SPEC)
+    world.reconcile()
+    assert (world.status().get("phase"), world.status().get("reason")) == ("Pending", "InsufficientCapacity")
+    assert world.kube.pods() == {}
 
 
 def test_the_creating_pass_posts_each_child_once_and_reads_nothing() -> None:

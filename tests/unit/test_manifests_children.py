@@ -56,11 +56,21 @@ def make_spec(**overrides: Any) -> VerlJobSpec:
 
 
 def check_snapshot(name: str, value: Any) -> None:
+    """``value`` equals the checked-in snapshot ``name``; a missing snapshot fails (it is written only when
+    asked for, so deleting one never passes)."""
     path = SNAPSHOTS / f"{name}.yaml"
     text = yaml.safe_dump(value, sort_keys=True)
-    if os.environ.get("VERL_OPERATOR_UPDATE_SNAPSHOTS") == "1" or not path.exists():
+    regenerate = f"VERL_OPERATOR_UPDATE_SNAPSHOTS=1 .venv/bin/python -m pytest {_caller_file()}"
+    if os.environ.get("VERL_OPERATOR_UPDATE_SNAPSHOTS") == "1":
         path.write_text(text)
-    assert text == path.read_text(), f"{path} differs; regenerate with VERL_OPERATOR_UPDATE_SNAPSHOTS=1"
+    if not path.exists():
+        pytest.fail(f"snapshot {path} is missing; write it with: {regenerate}")
+    assert text == path.read_text(), f"{path} differs; regenerate with: {regenerate}"
+
+
+def _caller_file() -> str:
+    """The test file that checks the snapshot (pytest names the running test ``path::name (phase)``)."""
+    return os.environ.get("PYTEST_CURRENT_TEST", Path(__file__).name).split("::")[0]
 
 
 def env_of(pod: dict[str, Any]) -> dict[str, Any]:
