@@ -4,8 +4,8 @@
 #   docker build -t ghcr.io/verl-operator/verl-operator:0.1.0 .
 #
 # BASE is any Debian bookworm image (the default is pinned by its dated tag). Without a container engine,
-# `verl-operator devcluster image` builds the same image from Debian packages (mmdebstrap) and can give that
-# base to this file: `--build-arg BASE=<that image>`.
+# `verl-operator-dev devcluster image` (the development tooling in tools/, not part of this image) builds the
+# same image from Debian packages (mmdebstrap) and can give that base to this file: `--build-arg BASE=<...>`.
 ARG BASE=debian:bookworm-20250520-slim
 
 FROM ${BASE} AS build
@@ -21,7 +21,7 @@ COPY launcher /src/launcher
 # The launcher zipapp is written by the same function as the engine-less build (same bytes).
 RUN /opt/verl-operator/bin/pip install --no-cache-dir --no-compile /src \
     && /opt/verl-operator/bin/python -c "import pathlib, verl_launcher; \
-from verl_operator.devcluster.imagebuild import launcher_zipapp; \
+from verl_operator.launcher_zipapp import launcher_zipapp; \
 from verl_operator.manifests.launchspec import LAUNCHER_IN_OPERATOR_IMAGE as out; \
 pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True); \
 pathlib.Path(out).write_bytes(launcher_zipapp(pathlib.Path(verl_launcher.__file__).parent))" \

@@ -9,27 +9,31 @@ PYTEST := $(BIN)/python -m pytest
 
 .PHONY: venv demo test lint test-unit test-ray test-cluster test-node test-fidelity bench crds clean
 
-$(STAMP): pyproject.toml
+# The product (verl-operator, with the launcher) and its development tooling (tools/: verl-operator-dev),
+# both editable.
+$(STAMP): pyproject.toml tools/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[launcher,test]'
+	$(BIN)/python -m pip install -q -e '.[launcher,test]' -e ./tools
 	touch $@
 
 venv: $(STAMP)
 
 # The bench extra (matplotlib, for the scale benchmark's plots); `make test` never needs it.
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[launcher,test,bench]'
+	$(BIN)/python -m pip install -q -e '.[launcher,test,bench]' -e ./tools
 	touch $@
 
 demo: venv
-	$(BIN)/verl-operator demo
+	$(BIN)/verl-operator-dev demo
 
+# Lint includes the docs check: every path, make target and CLI command README.md and docs/ name exists.
 lint: venv
-	$(BIN)/ruff check operator launcher tests bench charts
-	$(BIN)/ruff format --check operator launcher tests bench charts
+	$(BIN)/ruff check operator launcher tools tests bench charts
+	$(BIN)/ruff format --check operator launcher tools tests bench charts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(PYTEST) -q tests/unit/test_docs_references.py
 
 test-unit: venv
 	$(PYTEST) tests/unit
@@ -72,5 +76,5 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/bench_scale.py $(SCALE_ARGS)
 
 clean:
-	-$(BIN)/verl-operator devcluster down
+	-$(BIN)/verl-operator-dev devcluster down
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -44,9 +44,9 @@ from kubernetes.client.exceptions import ApiException
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scale_support as S
-from verl_operator.devcluster import DevCluster
-from verl_operator.devcluster.kuberay import KubeRayOperator, ensure_kuberay, install_crds
-from verl_operator.devcluster.localrun import LocalOperator, install_crd
+from verl_devtools.devcluster import DevCluster
+from verl_devtools.devcluster.kuberay import KubeRayOperator, ensure_kuberay, install_crds
+from verl_devtools.devcluster.localrun import LocalOperator, install_crd
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")

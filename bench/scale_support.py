@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verl_operator.devcluster.profiles import node_group_like
+from verl_devtools.devcluster.profiles import node_group_like
 
 GPU = "nvidia.com/gpu"
 IMAGE = "ghcr.io/example/verl:0.9.1"

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from verl_operator.devcluster import DevCluster, binaries, load_profile
-from verl_operator.devcluster.layout import COMPONENTS
-from verl_operator.devcluster.ports import listening
-from verl_operator.devcluster.process import alive
-from verl_operator.devcluster.versions import cache_dir
+from verl_devtools.devcluster import DevCluster, binaries, load_profile
+from verl_devtools.devcluster.layout import COMPONENTS
+from verl_devtools.devcluster.ports import listening
+from verl_devtools.devcluster.process import alive
+from verl_devtools.devcluster.versions import cache_dir
 
 #: The profile the session's cluster starts with: DGX H100, L40S, bridged A100 PCIe and CPU-only nodes.
 SESSION_PROFILE = "mixed"

@@ -22,8 +22,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from cluster.polling import wait_for
-from verl_operator.devcluster import DevCluster
-from verl_operator.devcluster.localrun import LocalOperator, install_crd
+from verl_devtools.devcluster import DevCluster
+from verl_devtools.devcluster.localrun import LocalOperator, install_crd
 
 GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
 IMAGE = "ghcr.io/example/verl:0.9.1"

@@ -18,8 +18,8 @@ import pytest
 from kubernetes import client
 
 from cluster.polling import wait_for
-from verl_operator.devcluster import DevCluster
-from verl_operator.devcluster.localrun import LocalOperator, install_crd
+from verl_devtools.devcluster import DevCluster
+from verl_devtools.devcluster.localrun import LocalOperator, install_crd
 
 GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
 ROLLOUT = "actor_rollout_ref.rollout"

@@ -28,8 +28,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from cluster.polling import wait_for as _wait_for
-from verl_operator.devcluster import DevCluster, binaries
-from verl_operator.devcluster import labels as L
+from verl_devtools.devcluster import DevCluster, binaries
+from verl_operator.clusters import labels as L
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "verl-operator"

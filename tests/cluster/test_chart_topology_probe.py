@@ -20,9 +20,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from verl_devtools.devcluster import DevCluster, binaries
 from verl_launcher import labels as launcher_labels
-from verl_operator.devcluster import DevCluster, binaries
-from verl_operator.devcluster import labels as L
+from verl_operator.clusters import labels as L
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "verl-operator"
 

@@ -19,11 +19,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from cluster.polling import wait_for
-from verl_operator.commands import devcluster as devcluster_command
-from verl_operator.devcluster import DevCluster, certs
-from verl_operator.devcluster import labels as L
-from verl_operator.devcluster.ports import listening
-from verl_operator.devcluster.process import alive
+from verl_devtools.commands import devcluster as devcluster_command
+from verl_devtools.devcluster import DevCluster, certs
+from verl_devtools.devcluster.ports import listening
+from verl_devtools.devcluster.process import alive
+from verl_operator.clusters import labels as L
 
 
 def gpu_pod(
@@ -427,7 +427,7 @@ def test_up_is_idempotent_and_down_leaves_no_process_or_port(tmp_path: Path) -> 
 
 
 def devcluster_cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="verl-operator")
+    parser = argparse.ArgumentParser(prog="verl-operator-dev")
     devcluster_command.add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["devcluster", *argv])
     code: int = args.func(args)

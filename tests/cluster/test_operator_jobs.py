@@ -24,10 +24,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from cluster.polling import wait_for
-from verl_operator.devcluster import DevCluster
-from verl_operator.devcluster.labels import GPU_CLIQUE, PROFILE, RACK, SIMULATE, SIMULATE_EXIT_CODE
-from verl_operator.devcluster.localrun import LocalOperator, install_crd
-from verl_operator.devcluster.profiles import parse_profile
+from verl_devtools.devcluster import DevCluster
+from verl_devtools.devcluster.localrun import LocalOperator, install_crd
+from verl_operator.clusters.labels import GPU_CLIQUE, PROFILE, RACK, SIMULATE, SIMULATE_EXIT_CODE
+from verl_operator.clusters.profile import parse_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "jobs"

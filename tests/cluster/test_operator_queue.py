@@ -17,10 +17,11 @@ from kubernetes import client
 
 from cluster.polling import wait_for
 from cluster.test_operator_jobs import Jobs, job
-from verl_operator.devcluster import DevCluster
-from verl_operator.devcluster.labels import PROFILE
-from verl_operator.devcluster.localrun import LocalOperator, install_crd
-from verl_operator.devcluster.profiles import node_group_like, parse_profile
+from verl_devtools.devcluster import DevCluster
+from verl_devtools.devcluster.localrun import LocalOperator, install_crd
+from verl_devtools.devcluster.profiles import node_group_like
+from verl_operator.clusters.labels import PROFILE
+from verl_operator.clusters.profile import parse_profile
 
 pytestmark = pytest.mark.timeout(240)
 

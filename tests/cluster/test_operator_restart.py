@@ -18,10 +18,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from cluster.polling import wait_for
+from verl_devtools.devcluster import DevCluster
+from verl_devtools.devcluster.localrun import LocalOperator, install_crd
+from verl_operator.clusters.labels import PROFILE
 from verl_operator.controller.reconcile import CREATE_DELAY_ENV
-from verl_operator.devcluster import DevCluster
-from verl_operator.devcluster.labels import PROFILE
-from verl_operator.devcluster.localrun import LocalOperator, install_crd
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"

@@ -5,7 +5,7 @@ image with Python and Ray but no part of this project.
 The session's instance is ``pytest-node-<pid>``; it is removed at the end and the host must then be as it
 was (links, iptables rules, nf_tables tables, sysctls, cgroups, mounts, host paths, processes). Set
 ``VERL_OPERATOR_TEST_NODE_CLUSTER=<name>`` to reuse a running instance started with
-``verl-operator devcluster up --name <name> --real-nodes 2`` (left running). Real nodes need root.
+``verl-operator-dev devcluster up --name <name> --real-nodes 2`` (left running). Real nodes need root.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from kubernetes import client
 
 from cluster.polling import wait_for
 from node import hostsnapshot
-from verl_operator.devcluster import DevCluster, binaries, imagebuild, oci, process, projectimages, realnodes
-from verl_operator.devcluster.layout import COMPONENTS
-from verl_operator.devcluster.nodeconfig import REAL_NODE_LABEL, REAL_NODE_TAINT
-from verl_operator.devcluster.versions import cache_dir
+from verl_devtools.devcluster import DevCluster, binaries, imagebuild, oci, process, projectimages, realnodes
+from verl_devtools.devcluster.layout import COMPONENTS
+from verl_devtools.devcluster.nodeconfig import REAL_NODE_LABEL, REAL_NODE_TAINT
+from verl_devtools.devcluster.versions import cache_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "verl-operator"

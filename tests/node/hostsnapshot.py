@@ -7,8 +7,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_operator.devcluster import DevCluster, hostchanges, process
-from verl_operator.devcluster.nodenet import short_hash
+from verl_devtools.devcluster import DevCluster, hostchanges, process
+from verl_devtools.devcluster.nodenet import short_hash
 
 
 @dataclass(frozen=True)

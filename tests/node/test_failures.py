@@ -13,7 +13,7 @@ from kubernetes import client
 from cluster.polling import wait_for
 from node.conftest import Run
 from node.test_ray_job import apply, pods_of, real_node_job, wait_phase
-from verl_operator.devcluster import DevCluster
+from verl_devtools.devcluster import DevCluster
 
 
 def env(**values: str) -> list[dict[str, str]]:

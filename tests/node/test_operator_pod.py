@@ -11,7 +11,7 @@ from kubernetes import client
 
 from cluster.polling import wait_for
 from node.conftest import OPERATOR_NAMESPACE, RELEASE, Run
-from verl_operator.devcluster import projectimages
+from verl_devtools.devcluster import projectimages
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "jobs"
 

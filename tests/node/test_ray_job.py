@@ -12,8 +12,8 @@ from kubernetes import client
 
 from cluster.polling import wait_for
 from node.conftest import REAL_NODE_TOLERATION, Run
-from verl_operator.devcluster.nodeconfig import REAL_NODE_LABEL
-from verl_operator.devcluster.nodenet import POD_CIDR
+from verl_devtools.devcluster.nodeconfig import REAL_NODE_LABEL
+from verl_devtools.devcluster.nodenet import POD_CIDR
 
 GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
 

@@ -10,9 +10,9 @@ from kubernetes import client
 
 from cluster.polling import wait_for
 from node.conftest import CHART, OPERATOR_NAMESPACE, RELEASE, Run
-from verl_operator.devcluster import labels as L
-from verl_operator.devcluster import projectimages
-from verl_operator.devcluster.nodeconfig import REAL_NODE_LABEL, REAL_NODE_TAINT
+from verl_devtools.devcluster import projectimages
+from verl_devtools.devcluster.nodeconfig import REAL_NODE_LABEL, REAL_NODE_TAINT
+from verl_operator.clusters import labels as L
 
 REAL_NODES = ("real-0", "real-1")
 

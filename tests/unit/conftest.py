@@ -142,6 +142,6 @@ def helm() -> str:
     override = os.environ.get("HELM")
     if override:
         return override
-    from verl_operator.devcluster import binaries
+    from verl_devtools.devcluster import binaries
 
     return str(binaries.ensure(("helm",))["helm"])

@@ -57,7 +57,7 @@ def test_invalid_job_is_rejected_by_the_planner() -> None:
     ("nodes", "groups", "last"), [(4, 1, 4), (200, 1, 200), (1000, 5, 200), (1001, 6, 1), (5000, 25, 200)]
 )
 def test_scale_profile_groups(nodes: int, groups: int, last: int) -> None:
-    from verl_operator.devcluster.profiles import parse_profile
+    from verl_operator.clusters.profile import parse_profile
 
     profile = parse_profile(S.scale_profile(nodes))
     assert sum(g.count for g in profile.node_groups) == nodes

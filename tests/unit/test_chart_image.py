@@ -8,7 +8,7 @@ import pytest
 import yaml
 from test_chart_render import one, render
 
-from verl_operator.devcluster.projectimages import IMAGE_REPOSITORY
+from verl_devtools.devcluster.projectimages import IMAGE_REPOSITORY
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "verl-operator"
 APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
@@ -36,6 +36,6 @@ def test_operator_image_and_launcher_image_agree(helm: str, sets: tuple[str, ...
 
 def test_the_image_tag_is_the_project_version() -> None:
     """The locally built image (tag = project version) is the one the chart installs by default."""
-    from verl_operator.devcluster.projectimages import operator_image
+    from verl_devtools.devcluster.projectimages import operator_image
 
     assert operator_image() == f"{IMAGE_REPOSITORY}:{APP_VERSION}"

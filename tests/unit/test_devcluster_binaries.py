@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_operator.devcluster import binaries
-from verl_operator.devcluster.versions import CACHE_ENV, KUBERNETES_VERSION, cache_dir
+from verl_devtools.devcluster import binaries
+from verl_devtools.devcluster.versions import CACHE_ENV, KUBERNETES_VERSION, cache_dir
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from verl_operator.devcluster import certs
+from verl_devtools.devcluster import certs
 
 
 def load(path: Path) -> x509.Certificate:

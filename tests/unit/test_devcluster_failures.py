@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from verl_operator.devcluster import DevCluster, DevClusterError
-from verl_operator.devcluster.process import alive, start_time, stop
-from verl_operator.devcluster.versions import CACHE_ENV, ETCD_VERSION, KUBERNETES_VERSION, KWOK_VERSION
+from verl_devtools.devcluster import DevCluster, DevClusterError
+from verl_devtools.devcluster.process import alive, start_time, stop
+from verl_devtools.devcluster.versions import CACHE_ENV, ETCD_VERSION, KUBERNETES_VERSION, KWOK_VERSION
 
 VERSIONS = {
     "kube-apiserver": f"Kubernetes {KUBERNETES_VERSION}",

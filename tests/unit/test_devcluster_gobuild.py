@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_operator.devcluster import binaries
-from verl_operator.devcluster.versions import CACHE_ENV, ETCD_VERSION, KUBERNETES_VERSION, KWOK_VERSION
+from verl_devtools.devcluster import binaries
+from verl_devtools.devcluster.versions import CACHE_ENV, ETCD_VERSION, KUBERNETES_VERSION, KWOK_VERSION
 
 KUBERNETES_GO_MOD = """module k8s.io/kubernetes
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from verl_operator.devcluster import gomod
-from verl_operator.devcluster.versions import staging_version
+from verl_devtools.devcluster import gomod
+from verl_devtools.devcluster.versions import staging_version
 
 # The shape of k8s.io/kubernetes's go.mod: a replace block pointing staging modules into its own tree,
 # plus entries that must not be mistaken for staging modules.

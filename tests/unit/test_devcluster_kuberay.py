@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from verl_operator.devcluster import binaries, kuberay
-from verl_operator.devcluster.tools import KUBERAY, buildinfo_version
-from verl_operator.devcluster.versions import CACHE_ENV, KUBERAY_VERSION
+from verl_devtools.devcluster import binaries, kuberay
+from verl_devtools.devcluster.tools import KUBERAY, buildinfo_version
+from verl_devtools.devcluster.versions import CACHE_ENV, KUBERAY_VERSION
 
 BUILDINFO = """{binary}: go1.26.8
 \tpath\tgithub.com/ray-project/kuberay/ray-operator
@@ -88,7 +88,7 @@ def test_an_unmarked_binary_is_trusted_by_its_build_information(
 
 def test_the_control_plane_never_builds_kuberay() -> None:
     """``make test`` asks for the control plane, kwok and helm: none of them is in KubeRay's group."""
-    from verl_operator.devcluster.layout import COMPONENTS
+    from verl_devtools.devcluster.layout import COMPONENTS
 
     assert all(binaries.GROUP_OF[name] is not KUBERAY for name in (*COMPONENTS, "kubectl", "helm"))
 

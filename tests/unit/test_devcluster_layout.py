@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_operator.devcluster.layout import COMPONENTS, Layout, component_argv
-from verl_operator.devcluster.ports import PORT_NAMES
+from verl_devtools.devcluster.layout import COMPONENTS, Layout, component_argv
+from verl_devtools.devcluster.ports import PORT_NAMES
 
 PORTS = {name: 20000 + i for i, name in enumerate(PORT_NAMES)}
 LAYOUT = Layout(Path("/tmp/dc"))

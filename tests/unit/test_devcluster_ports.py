@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_operator.devcluster.ports import PORT_NAMES, listening, pick_free_ports, port_is_free
+from verl_devtools.devcluster.ports import PORT_NAMES, listening, pick_free_ports, port_is_free
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from verl_operator.devcluster import nodeconfig, oci
-from verl_operator.devcluster.layout import Layout, component_argv
-from verl_operator.devcluster.nodenet import NetworkError, choose_range, plan_network
+from verl_devtools.devcluster import nodeconfig, oci
+from verl_devtools.devcluster.layout import Layout, component_argv
+from verl_devtools.devcluster.nodenet import NetworkError, choose_range, plan_network
 
 PORTS = {
     "etcd_client": 1,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from verl_operator.devcluster.nodes import NodeRow, format_table
-from verl_operator.devcluster.profiles import load_profile, node_manifests
+from verl_devtools.devcluster.nodes import NodeRow, format_table
+from verl_devtools.devcluster.profiles import load_profile
+from verl_operator.clusters.profile import node_manifests
 
 
 def rows(profile: str, ready: bool = True) -> list[NodeRow]:

@@ -1,6 +1,6 @@
 """The Dockerfile and the engine-free image build describe the same operator image.
 
-`verl-operator devcluster image` builds the operator image without a container engine (mmdebstrap, a
+`verl-operator-dev devcluster image` builds the operator image without a container engine (mmdebstrap, a
 virtualenv, an OCI archive); users build the same image from the `Dockerfile`. These tests read the
 Dockerfile's instructions and compare them with the engine-free recipe, so a change to one side that the other
 lacks fails here.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_operator.devcluster import imagebuild, projectimages
+from verl_devtools.devcluster import imagebuild, projectimages
 
 DOCKERFILE = Path(__file__).resolve().parents[2] / "Dockerfile"
 
@@ -98,3 +98,19 @@ def test_the_instruction_reader_sees_a_changed_entrypoint() -> None:
     changed = DOCKERFILE.read_text().replace('["verl-operator", "run"]', '["verl-operator", "demo"]')
     steps = _instructions(changed)
     assert ("ENTRYPOINT", '["verl-operator", "demo"]') in steps
+
+
+def test_the_build_copies_and_runs_the_product_only() -> None:
+    """The image's build context is the product (tests/unit/test_product_wheel.py builds a wheel from what
+    these COPY lines name); nothing of the development tooling (tools/, verl_devtools) is copied or imported."""
+    steps = _instructions(DOCKERFILE.read_text())
+    copied = [shlex.split(rest)[:-1] for word, rest in steps if word == "COPY" and "--from" not in rest]
+    assert sorted(path for sources in copied for path in sources) == [
+        "README.md",
+        "launcher",
+        "operator",
+        "pyproject.toml",
+    ]
+    runs = " ".join(rest for word, rest in steps if word == "RUN")
+    assert "verl_operator.launcher_zipapp import launcher_zipapp" in runs
+    assert "devtools" not in runs and "devcluster" not in runs

@@ -19,7 +19,7 @@ import pytest
 from test_manifests_children import JOB, PLAN, check_snapshot, make_spec
 
 from verl_launcher.verl import build_env, launcher_archive
-from verl_operator.devcluster.imagebuild import launcher_zipapp
+from verl_operator.launcher_zipapp import launcher_zipapp
 from verl_operator.manifests import build_children, build_head_pod, build_launch_spec, build_worker_pod
 from verl_operator.manifests.launchspec import LAUNCHER_IN_OPERATOR_IMAGE, LAUNCHER_PYZ
 

@@ -85,37 +85,5 @@ MAX_MEMORY_BYTES = 2**50
 #: grammar minus the leading sign, so a negative request is rejected at admission.
 QUANTITY_PATTERN = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 
-#: Bounds ``(lowest, highest)`` of the integer inputs the planner reads, by logical input name (see
-#: ``planner.dialect``); an override outside them is a violation, never an input of the arithmetic.
-INPUT_BOUNDS: dict[str, tuple[int, int]] = {
-    "train_batch_size": (1, MAX_BATCH),
-    "rollout_n": (1, MAX_ROLLOUT_N),
-    "rollout_tp": (1, MAX_PARALLEL),
-    "sequence_parallel_size": (1, MAX_PARALLEL),
-    "critic_sequence_parallel_size": (1, MAX_PARALLEL),
-    "fsdp_size": (-1, MAX_GPUS),
-    "ppo_mini_batch_size": (1, MAX_BATCH),
-    "ppo_micro_batch_size_per_gpu": (1, MAX_BATCH),
-    "ppo_micro_batch_size_global": (1, MAX_BATCH),
-    "log_prob_micro_batch_size_per_gpu": (1, MAX_BATCH),
-    "log_prob_micro_batch_size_global": (1, MAX_BATCH),
-    "critic_ppo_micro_batch_size_per_gpu": (1, MAX_BATCH),
-    "critic_ppo_micro_batch_size_global": (1, MAX_BATCH),
-    "max_token_len_per_gpu": (1, MAX_TOKEN_BUDGET),
-    "log_prob_max_token_len_per_gpu": (1, MAX_TOKEN_BUDGET),
-    "critic_max_token_len_per_gpu": (1, MAX_TOKEN_BUDGET),
-    "max_prompt_length": (1, MAX_TOKENS),
-    "max_response_length": (1, MAX_TOKENS),
-    "max_model_len": (1, MAX_TOKENS),
-    "max_position_embeddings": (1, MAX_TOKENS),
-    "max_num_batched_tokens": (1, MAX_TOKEN_BUDGET),
-    "max_num_seqs": (1, MAX_SEQS),
-    "nnodes": (1, MAX_GPUS),
-    "n_gpus_per_node": (1, MAX_GPUS_PER_NODE),
-    "rollout_ep": (0, MAX_PARALLEL),
-    "rollout_pp": (0, MAX_PARALLEL),
-    "rollout_dp": (0, MAX_PARALLEL),
-    "lora_rank": (0, MAX_HIDDEN),
-}
-#: Bounds of integer inputs not listed above (any number the planner reads stays a few digits long).
+#: Bounds of the integer inputs without bounds of their own in ``api.settings_registry`` (any number the planner reads stays a few digits long).
 DEFAULT_INT_BOUNDS = (-(2**31), 2**31 - 1)

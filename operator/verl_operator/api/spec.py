@@ -25,6 +25,7 @@ from pydantic_core import PydanticCustomError
 
 from verl_operator.api import limits as L
 from verl_operator.api.quantity import Bounds, QuantityError, bounded_quantity
+from verl_operator.api.settings_registry import SETTINGS
 
 GROUP = "verl-operator.io"
 VERSION = "v1alpha1"
@@ -224,24 +225,11 @@ class CriticSpec(_Model):
 
 
 class DataSpec(_Model):
-    train_files: list[DataPath] = Field(
-        default_factory=list, max_length=L.MAX_FILES, description="Training parquet files (data.train_files)."
-    )
-    val_files: list[DataPath] = Field(
-        default_factory=list, max_length=L.MAX_FILES, description="Validation parquet files (data.val_files)."
-    )
-    train_batch_size: int | None = Field(
-        default=None,
-        ge=1,
-        le=L.MAX_BATCH,
-        description="Prompts per step (data.train_batch_size); the planner decides if omitted.",
-    )
-    max_prompt_length: int = Field(
-        default=512, ge=1, le=L.MAX_TOKENS, description="data.max_prompt_length in tokens."
-    )
-    max_response_length: int = Field(
-        default=512, ge=1, le=L.MAX_TOKENS, description="data.max_response_length in tokens."
-    )
+    train_files: list[DataPath] = SETTINGS.field("train_files", default_factory=list, max_length=L.MAX_FILES)
+    val_files: list[DataPath] = SETTINGS.field("val_files", default_factory=list, max_length=L.MAX_FILES)
+    train_batch_size: int | None = SETTINGS.field("train_batch_size", default=None)
+    max_prompt_length: int = SETTINGS.field("max_prompt_length", default=512)
+    max_response_length: int = SETTINGS.field("max_response_length", default=512)
     mean_prompt_length: int | None = Field(
         default=None,
         ge=1,
@@ -266,12 +254,7 @@ class ResourcesSpec(_Model):
     gpus: int = Field(
         ge=1, le=L.MAX_GPUS, description="Total GPUs for the job (trainer.nnodes x trainer.n_gpus_per_node)."
     )
-    gpus_per_node: int | None = Field(
-        default=None,
-        ge=1,
-        le=L.MAX_GPUS_PER_NODE,
-        description="GPUs used on each node; the planner decides from the nodes if omitted.",
-    )
+    gpus_per_node: int | None = SETTINGS.field("n_gpus_per_node", default=None)
     gpu_product: str | None = Field(
         default=None,
         max_length=L.MAX_LABEL_VALUE,
@@ -318,82 +301,29 @@ class RolloutSpec(_Model):
         default=None,
         description="spmd (verl <= 0.6, rollout.mode=sync) or server (verl >= 0.7); defaults to the version's.",
     )
-    responses_per_prompt: int | None = Field(
-        default=None,
-        ge=1,
-        le=L.MAX_ROLLOUT_N,
-        description=(
-            "Responses sampled per prompt: verl's rollout.n (actor_rollout_ref.rollout.n). Named in full because "
-            "YAML 1.1 readers such as kubectl take a bare n key for the boolean false."
-        ),
-    )
-    tensor_parallel_size: int | None = Field(
-        default=None,
-        ge=1,
-        le=L.MAX_PARALLEL,
-        description="vLLM tensor parallel size per rollout replica; planner decides if omitted.",
-    )
-    gpu_memory_utilization: float | None = Field(
-        default=None,
-        gt=0,
-        le=1,
-        description="Fraction of total GPU memory vLLM may use (weights + KV cache).",
-    )
+    responses_per_prompt: int | None = SETTINGS.field("rollout_n", default=None)
+    tensor_parallel_size: int | None = SETTINGS.field("rollout_tp", default=None)
+    gpu_memory_utilization: float | None = SETTINGS.field("gpu_memory_utilization", default=None)
 
 
 class ParallelismSpec(_Model):
-    sequence_parallel_size: int | None = Field(
-        default=None,
-        ge=1,
-        le=L.MAX_PARALLEL,
-        description="Ulysses sequence parallel size of actor/ref/critic.",
-    )
-    fsdp_size: int | None = Field(
-        default=None,
-        ge=-1,
-        le=L.MAX_GPUS,
-        description="FSDP shard group size: -1 (whole world) or a divisor of the world size.",
-    )
+    sequence_parallel_size: int | None = SETTINGS.field("sequence_parallel_size", default=None)
+    fsdp_size: int | None = SETTINGS.field("fsdp_size", default=None)
 
 
 class BatchingSpec(_Model):
-    ppo_mini_batch_size: int | None = Field(
-        default=None,
-        ge=1,
-        le=L.MAX_BATCH,
-        description="Prompts per PPO mini-batch (actor.ppo_mini_batch_size), before x responsesPerPrompt (verl's rollout.n).",
+    ppo_mini_batch_size: int | None = SETTINGS.field("ppo_mini_batch_size", default=None)
+    ppo_micro_batch_size_per_gpu: int | None = SETTINGS.field("ppo_micro_batch_size_per_gpu", default=None)
+    log_prob_micro_batch_size_per_gpu: int | None = SETTINGS.field(
+        "log_prob_micro_batch_size_per_gpu", default=None
     )
-    ppo_micro_batch_size_per_gpu: int | None = Field(
-        default=None,
-        ge=1,
-        le=L.MAX_BATCH,
-        description="Sequences per GPU per forward/backward (gradient accumulation unit).",
-    )
-    log_prob_micro_batch_size_per_gpu: int | None = Field(
-        default=None,
-        ge=1,
-        le=L.MAX_BATCH,
-        description="Sequences per GPU per log-prob forward (rollout and ref).",
-    )
-    dynamic_batch_size: bool | None = Field(
-        default=None,
-        description="Pack micro-batches by token count (use_dynamic_bsz) instead of sample count.",
-    )
-    max_token_len_per_gpu: int | None = Field(
-        default=None,
-        ge=1,
-        le=L.MAX_TOKEN_BUDGET,
-        description="Token budget per GPU with dynamic batch size (ppo_max_token_len_per_gpu).",
-    )
+    dynamic_batch_size: bool | None = SETTINGS.field("dynamic_batch_size", default=None)
+    max_token_len_per_gpu: int | None = SETTINGS.field("max_token_len_per_gpu", default=None)
 
 
 class OffloadSpec(_Model):
-    params: bool | None = Field(
-        default=None, description="Offload actor/ref parameters to CPU between phases."
-    )
-    optimizer: bool | None = Field(
-        default=None, description="Offload the optimizer state to CPU between phases."
-    )
+    params: bool | None = SETTINGS.field("param_offload", default=None)
+    optimizer: bool | None = SETTINGS.field("optimizer_offload", default=None)
 
 
 class PlacementSpec(_Model):
@@ -586,7 +516,7 @@ class SecuritySpec(_Model):
 class VerlJobSpec(_Model):
     verl: VerlSpec = Field(description="The verl image and release line.")
     model: ModelSpec = Field(description="The policy model.")
-    algorithm: Algorithm = Field(default=Algorithm.GRPO, description="RL algorithm; ppo brings a critic.")
+    algorithm: Algorithm = SETTINGS.field("adv_estimator", default=Algorithm.GRPO)
     data: DataSpec = Field(default_factory=DataSpec, description="Datasets and batch/length settings.")
     resources: ResourcesSpec = Field(description="GPUs and node selection.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="vLLM rollout settings.")

@@ -8,9 +8,10 @@ typed instead of through hand-written dict readers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.config import JsonDict
 
 from verl_operator.api.plan import Plan, Violation
@@ -117,6 +118,122 @@ class VerlJobStatus(_Model):
     def placed(self) -> bool:
         """True when ``placement`` belongs to the current attempt (the pods may be created)."""
         return self.placement is not None and self.placement.attempt == self.attempt
+
+
+class StatusChange(BaseModel):
+    """The fields of a :class:`VerlJobStatus` one decision sets, typed and validated.
+
+    Its fields are the status's own (the same names and types; a unit test keeps them equal), so a misspelt
+    field or a value of the wrong type fails where the change is written (mypy, and ``ValidationError`` at
+    construction), never silently in the status. Only the fields passed are changed (``None`` clears one).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    phase: Phase | None = None
+    reason: str | None = None
+    message: str | None = None
+    observed_generation: int | None = None
+    attempt: int = 0
+    restarts: int = 0
+    mesh: str | None = None
+    nodes: str | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+    plan: Plan | None = None
+    placement: PlacementStatus | None = None
+    violations: list[Violation] | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+    def fields(self) -> dict[str, Any]:
+        """The fields this change sets, by name (the values as given: typed models stay models)."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
+
+    def __or__(self, other: StatusChange) -> StatusChange:
+        """Both changes; ``other``'s fields win where both set one."""
+        return StatusChange.model_construct(
+            _fields_set=self.model_fields_set | other.model_fields_set, **{**self.fields(), **other.fields()}
+        )
+
+    def unplaced(self) -> StatusChange:
+        """This change and the placement cleared (:data:`PLACEMENT_CLEARED`)."""
+        return self | PLACEMENT_CLEARED
+
+    def apply(self, status: VerlJobStatus) -> VerlJobStatus:
+        """``status`` with this change's fields set."""
+        return status.model_copy(update=self.fields())
+
+
+#: The placement of the attempt dropped: no chosen nodes (a restart, a suspension, pods refused or blocked,
+#: no capacity): the job holds no GPUs until it is placed again.
+PLACEMENT_CLEARED = StatusChange(placement=None, nodes="")
+
+
+class StatusView:
+    """A thin typed reader of a raw ``status`` as the watch cache keeps it (JSON, for speed on the scale path):
+    the few members the queue, the cache and the timers read, by the status model's own wire names, read once
+    without parsing the whole status (its plan). :meth:`parsed` gives the full model when one is needed.
+
+    Attributes:
+        phase: ``status.phase``.
+        reason: ``status.reason``.
+        start_time: ``status.startTime`` (RFC 3339; None when unset).
+        completion_time: ``status.completionTime`` (RFC 3339; None when unset).
+        has_plan: A plan is recorded.
+        has_placement: A placement is recorded (for any attempt, or a hand-off).
+        placement_nodes: The placement's chosen nodes, head first (empty: none, or a hand-off).
+        placement_gpus_per_node: GPUs each pod of the placement holds (0: unknown).
+    """
+
+    __slots__ = (
+        "_raw",
+        "completion_time",
+        "has_placement",
+        "has_plan",
+        "phase",
+        "placement_gpus_per_node",
+        "placement_nodes",
+        "reason",
+        "start_time",
+    )
+
+    def __init__(self, raw: Mapping[str, Any] | None) -> None:
+        doc: Mapping[str, Any] = raw or _EMPTY
+        placement: Mapping[str, Any] = doc.get(_PLACEMENT) or _EMPTY
+        self._raw = doc
+        self.phase: Phase | None = doc.get(_PHASE)
+        self.reason: str | None = doc.get(_REASON)
+        self.start_time: str | None = doc.get(_START_TIME) or None
+        self.completion_time: str | None = doc.get(_COMPLETION_TIME) or None
+        self.has_plan = bool(doc.get(_PLAN))
+        self.has_placement = bool(placement)
+        self.placement_nodes: tuple[str, ...] = tuple(placement.get(_NODES) or ())
+        self.placement_gpus_per_node = int(placement.get(_GPUS_PER_NODE) or 0)
+
+    @classmethod
+    def of(cls, job: Mapping[str, Any]) -> StatusView:
+        """The view of a VerlJob body's ``status``."""
+        return cls(job.get("status"))
+
+    def parsed(self) -> VerlJobStatus:
+        """The whole status, parsed (:func:`parse_status`)."""
+        return parse_status(dict(self._raw))
+
+
+def _wire(model: type[BaseModel], name: str) -> str:
+    """The wire (camelCase) name of ``model``'s field ``name`` (a KeyError when the field is renamed)."""
+    return model.model_fields[name].alias or name
+
+
+_EMPTY: Mapping[str, Any] = {}
+_PHASE = _wire(VerlJobStatus, "phase")
+_REASON = _wire(VerlJobStatus, "reason")
+_START_TIME = _wire(VerlJobStatus, "start_time")
+_COMPLETION_TIME = _wire(VerlJobStatus, "completion_time")
+_PLAN = _wire(VerlJobStatus, "plan")
+_PLACEMENT = _wire(VerlJobStatus, "placement")
+_NODES = _wire(PlacementStatus, "nodes")
+_GPUS_PER_NODE = _wire(PlacementStatus, "gpus_per_node")
 
 
 def parse_status(raw: dict[str, Any] | None) -> VerlJobStatus:

@@ -136,7 +136,7 @@ def load_nodes(path: str) -> list[dict[str, Any]]:
 
 
 def _profile_nodes(doc: dict[str, Any], path: str) -> list[dict[str, Any]]:
-    from verl_operator.devcluster.profiles import ProfileError, node_manifests, parse_profile
+    from verl_operator.clusters.profile import ProfileError, node_manifests, parse_profile
 
     try:
         manifests = node_manifests(parse_profile(doc, path))

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from verl_operator.api.spec import GROUP, PLURAL, VERSION
-from verl_operator.api.status import ACTIVE_PHASES
+from verl_operator.api.status import ACTIVE_PHASES, StatusView
 from verl_operator.controller.kube import Kube, response_json
 from verl_operator.controller.queue import Priorities, Rank, Waiting, rank, waiting_entry
 from verl_operator.controller.refused import BLOCKED_REASONS, refusal
@@ -72,13 +72,18 @@ def _kept(obj: Mapping[str, Any]) -> dict[str, Any]:
     return cast(dict[str, Any], plain_copy({**dict(obj), "metadata": meta}))
 
 
-def reservation(job: Mapping[str, Any]) -> tuple[str, tuple[str, ...], int] | None:
-    """``(uid, nodes, gpus per node)`` of a placed, unfinished VerlJob, else None."""
-    status = job.get("status") or {}
-    placement = status.get("placement") or {}
-    if status.get("phase") in ACTIVE_PHASES and placement.get("nodes"):
+#: ``(job uid, nodes, GPUs per node)`` of a placed, unfinished VerlJob.
+Reservation = tuple[str, tuple[str, ...], int]
+
+
+def reservation(job: Mapping[str, Any], status: StatusView | None = None) -> Reservation | None:
+    """``(uid, nodes, gpus per node)`` of a placed, unfinished VerlJob, else None (``status``: its status's view,
+    when already read)."""
+    view = status if status is not None else StatusView.of(job)
+    nodes = view.placement_nodes
+    if view.phase in ACTIVE_PHASES and nodes:
         uid = str((job.get("metadata") or {}).get("uid", ""))
-        return uid, tuple(placement["nodes"]), int(placement.get("gpusPerNode") or 0)
+        return uid, nodes, view.placement_gpus_per_node
     return None
 
 
@@ -92,6 +97,10 @@ class WatchCache:
         self.gpu_entries: dict[str, tuple[str, str, int, str | None]] = {}
         self.job_pods_by_job: dict[JobKey, dict[str, dict[str, Any]]] = {}
         self.jobs: dict[JobKey, dict[str, Any]] = {}
+        #: Each job's status, read once when it is stored (the raw JSON stays in ``jobs``), and the GPUs
+        #: of those placed (:func:`reservation`), so the scans and every snapshot read no JSON.
+        self.statuses: dict[JobKey, StatusView] = {}
+        self.reservations: dict[JobKey, Reservation] = {}
         self.waiting: dict[JobKey, Waiting] = {}
         self.wake_due = False
         self.priority_values: dict[str, int] = {}
@@ -176,11 +185,18 @@ class WatchCache:
             old = self.jobs.get(key)
             if not _newer(job, old) or str(meta.get("uid", "")) in self.gone:
                 return False
-            self.jobs[key] = _kept(job)
+            kept = self.jobs[key] = _kept(job)
+            view = self.statuses[key] = StatusView.of(kept)
+            held = reservation(kept, view)
+            had = self.reservations.get(key)
+            if held is not None:
+                self.reservations[key] = held
+            elif had is not None:
+                del self.reservations[key]
             before = self.waiting.pop(key, None)
             if entry is not None:
                 self.waiting[key] = entry
-            freed = old is not None and reservation(old) is not None and reservation(job) is None
+            freed = had is not None and held is None
             changed = freed or (before is not None and before != entry)
             self.wake_due = self.wake_due or changed
             return changed
@@ -199,10 +215,12 @@ class WatchCache:
         """Forget a deleted VerlJob; True when it held a reservation or waited in the queue."""
         with self.lock:
             old = self.jobs.pop(key, None)
+            self.statuses.pop(key, None)
+            held = self.reservations.pop(key, None)
             if old is not None:
                 self._bury(str((old.get("metadata") or {}).get("uid", "")))
             queued = self.waiting.pop(key, None) is not None
-            return queued or (old is not None and reservation(old) is not None)
+            return queued or held is not None
 
     def _bury(self, uid: str) -> None:
         """Remember a deleted object's uid (under the lock); the oldest are forgotten past GONE_KEPT."""
@@ -253,7 +271,7 @@ class WatchCache:
     def phases(self) -> list[str | None]:
         """The phase of every known VerlJob."""
         with self.lock:
-            return [(j.get("status") or {}).get("phase") for j in self.jobs.values()]
+            return [v.phase for v in self.statuses.values()]
 
     def waiting_for_capacity(self) -> list[JobKey]:
         """Jobs that are Pending (not placed): a change of capacity may let them start. A job whose pods
@@ -261,10 +279,8 @@ class WatchCache:
         with self.lock:
             return sorted(
                 k
-                for k, j in self.jobs.items()
-                if (j.get("status") or {}).get("phase") in (None, "Pending")
-                and not (j.get("status") or {}).get("placement")
-                and (j.get("status") or {}).get("reason") not in BLOCKED_REASONS
+                for k, v in self.statuses.items()
+                if v.phase in (None, "Pending") and not v.has_placement and v.reason not in BLOCKED_REASONS
             )
 
     def retry_blocked(self) -> list[JobKey]:
@@ -272,10 +288,7 @@ class WatchCache:
         return them: something that may have been in their way changed."""
         with self.lock:
             keys = sorted(
-                k
-                for k, j in self.jobs.items()
-                if (j.get("status") or {}).get("phase") == "Pending"
-                and (j.get("status") or {}).get("reason") in BLOCKED_REASONS
+                k for k, v in self.statuses.items() if v.phase == "Pending" and v.reason in BLOCKED_REASONS
             )
             self.retry_due.update(keys)
             return keys
@@ -308,9 +321,7 @@ class WatchCache:
     def jobs_on_node(self, name: str) -> list[JobKey]:
         """Placed jobs with a chosen node ``name`` (a change of that node concerns them at once)."""
         with self.lock:
-            return sorted(
-                k for k, j in self.jobs.items() if (r := reservation(j)) is not None and name in r[1]
-            )
+            return sorted(k for k, r in self.reservations.items() if name in r[1])
 
     def facts_of(self, name: str) -> NodeFacts | None:
         """One node's facts (None when unknown)."""
@@ -329,7 +340,7 @@ class WatchCache:
             return Snapshot(
                 nodes=list(self.facts.values()),
                 pod_entries=list(self.gpu_entries.values()),
-                reservations=[r for r in (reservation(j) for j in jobs) if r is not None],
+                reservations=list(self.reservations.values()),
                 live_uids=frozenset(str(j["metadata"].get("uid", "")) for j in jobs),
                 live_jobs=frozenset(f"{ns}/{name}" for ns, name in self.jobs),
                 capacities=list(self.capacities.values()),

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from verl_operator.api.errors import validation_violations
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.api.status import FINISHED_PHASES, VerlJobStatus, parse_status
+from verl_operator.api.status import FINISHED_PHASES, StatusChange, StatusView, VerlJobStatus
 from verl_operator.controller.assess import pod_phase
 from verl_operator.controller.pipeline import Planned, plan_and_place, status_plan
 from verl_operator.controller.queue import ahead_of, rank
@@ -44,7 +44,7 @@ class Observed:
     Attributes:
         job: The VerlJob body (``metadata``, the raw ``spec``).
         status: Its ``status``, parsed once (:func:`verl_operator.api.status.parse_status`).
-        pods: Every pod labelled with the job, fresh from the API server.
+        pods: Every pod labelled with the job, as the watch cache holds them.
         snapshot: Nodes and GPU usage of the cluster.
         reserved: ``(job uid, nodes, GPUs per node)`` of every placed job, this process's decisions included.
         now: Seconds since the epoch at the start of the pass.
@@ -145,11 +145,7 @@ def children_refused(seen: Observed, exc: ChildRefused) -> Transition:
             condition("Valid", False, "PodsRefused", text, gen, now),
             condition("Placed", False, "PodsRefused", text, gen, now),
         ],
-        changes={
-            "placement": None,
-            "nodes": "",
-            "attempt": next_attempt(old, seen.pods),
-        },
+        changes=StatusChange(attempt=next_attempt(old, seen.pods)).unplaced(),
     )
     doomed = tuple(
         str(p["metadata"]["name"]) for p in seen.pods if not p["metadata"].get("deletionTimestamp")
@@ -190,7 +186,7 @@ def blocked_until(status: VerlJobStatus, generation: int) -> float | None:
 def blocked_retry_due(job: Mapping[str, Any]) -> float | None:
     """The epoch second at which the runtime should reconcile a blocked job again (None: not blocked)."""
     meta = job.get("metadata") or {}
-    due = blocked_until(parse_status(job.get("status")), int(meta.get("generation", 1)))
+    due = blocked_until(StatusView.of(job).parsed(), int(meta.get("generation", 1)))
     return None if due is None else due + 1.0
 
 
@@ -229,11 +225,7 @@ def children_blocked(seen: Observed, exc: ChildBlocked) -> Transition:
             condition("Placed", False, exc.reason, text, gen, now),
             condition(CREATABLE, False, exc.reason, text, gen, now),
         ],
-        changes={
-            "placement": None,
-            "nodes": "",
-            "attempt": next_attempt(old, seen.pods),
-        },
+        changes=StatusChange(attempt=next_attempt(old, seen.pods)).unplaced(),
     )
     doomed = tuple(
         str(p["metadata"]["name"]) for p in seen.pods if not p["metadata"].get("deletionTimestamp")
@@ -271,7 +263,7 @@ def invalid_spec(seen: Observed, exc: ValidationError) -> Transition:
         reason="InvalidSpec",
         message=text,
         conditions=[condition("Valid", False, "InvalidSpec", text, seen.generation, seen.stamp)],
-        changes={"violations": violations},
+        changes=StatusChange(violations=violations),
     )
     return Transition(status=new, event=on_change(seen.status, new, Event("Warning", "InvalidSpec", text)))
 
@@ -285,11 +277,10 @@ def invalid_update(seen: Observed, exc: ValidationError) -> Transition:
     valid = condition(
         "Valid", False, "InvalidSpec", f"the new spec is invalid: {text}", seen.generation, seen.stamp
     )
-    changes = {
-        "observed_generation": seen.generation,
-        "conditions": merge_conditions(seen.status.conditions, [valid]),
-    }
-    return Transition(status=seen.status.model_copy(update=changes))
+    changes = StatusChange(
+        observed_generation=seen.generation, conditions=merge_conditions(seen.status.conditions, [valid])
+    )
+    return Transition(status=changes.apply(seen.status))
 
 
 def suspend(seen: Observed) -> Transition:
@@ -304,7 +295,7 @@ def suspend(seen: Observed) -> Transition:
         reason="Suspended",
         message="spec.suspend is true: pods deleted, the job is kept",
         conditions=[condition("Placed", False, "Suspended", "suspended", seen.generation, seen.stamp)],
-        changes={"placement": None, "nodes": "", "attempt": next_attempt},
+        changes=StatusChange(attempt=next_attempt).unplaced(),
     )
     return Transition(
         status=new,
@@ -347,7 +338,7 @@ def place_job(seen: Observed, spec: VerlJobSpec) -> Transition:
     new, placed = _placed_status(old, outcome, gen, now)
     event: Event | None = placed
     if new.plan is not None:  # bounded: the status never repeats user input of unbounded size
-        new = new.model_copy(update={"plan": status_plan(new.plan, spec)})
+        new = StatusChange(plan=status_plan(new.plan, spec)).apply(new)
     if old.reason in BLOCKED_REASONS and new.phase == "Starting":
         event = None  # the retry of a job whose pods could not be created: its warning said enough
     reserve = None
@@ -378,7 +369,7 @@ def _infeasible_status(
         reason="PlanInfeasible",
         message=text,
         conditions=conds,
-        changes={"violations": list(outcome.violations), "plan": None, "mesh": ""},
+        changes=StatusChange(violations=list(outcome.violations), plan=None, mesh=""),
     )
     return new, Event("Warning", "PlanInfeasible", text)
 
@@ -410,13 +401,7 @@ def _capacity_status(old: VerlJobStatus, outcome: Planned, gen: int, now: str) -
         reason="InsufficientCapacity",
         message=text,
         conditions=conds,
-        changes={
-            "violations": list(outcome.violations),
-            "plan": None,
-            "mesh": "",
-            "placement": None,
-            "nodes": "",
-        },
+        changes=StatusChange(violations=list(outcome.violations), plan=None, mesh="").unplaced(),
     )
     return new, Event("Normal", "WaitingForCapacity", text)
 
@@ -432,7 +417,7 @@ def _placed_status(old: VerlJobStatus, outcome: Planned, gen: int, now: str) -> 
         condition("Valid", True, "Planned", "spec is valid for the cluster's GPUs", gen, now),
         condition("Planned", True, "Planned", mesh, gen, now),
     ]
-    changes: dict[str, Any] = {"plan": outcome.plan, "mesh": mesh, "violations": None}
+    changes = StatusChange(plan=outcome.plan, mesh=mesh, violations=None)
     placement = outcome.placement
     if placement is None:
         why = "Queued" if outcome.queued else "InsufficientCapacity"
@@ -445,10 +430,10 @@ def _placed_status(old: VerlJobStatus, outcome: Planned, gen: int, now: str) -> 
             reason=why,
             message=outcome.message,
             conditions=conds,
-            changes={**changes, "placement": None, "nodes": ""},
+            changes=changes.unplaced(),
         )
         return new, Event("Normal", "Queued" if outcome.queued else "WaitingForCapacity", outcome.message)
-    changes.update(placement=placement, start_time=old.start_time or now)
+    changes |= StatusChange(placement=placement, start_time=old.start_time or now)
     if placement.handoff is not None:
         who = placement.handoff
         conds.append(condition("Placed", "Unknown", "HandedOff", f"placement by {who}", gen, now))
@@ -464,7 +449,7 @@ def _placed_status(old: VerlJobStatus, outcome: Planned, gen: int, now: str) -> 
         )
         return new, Event("Normal", "HandedOff", f"plan {mesh}; placement handed to {who}")
     conds.append(condition("Placed", True, "Placed", placement.message, gen, now))
-    changes["nodes"] = ",".join(placement.nodes)
+    changes |= StatusChange(nodes=",".join(placement.nodes))
     new = advance(
         old,
         generation=gen,

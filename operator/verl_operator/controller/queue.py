@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.api.status import parse_status
+from verl_operator.api.status import StatusView
 from verl_operator.controller.refused import BLOCKED_REASONS
 from verl_operator.placement import NodeCapacity, PlacementRequest, place, request_from_plan
 from verl_operator.placement.search import screen_node
@@ -93,10 +93,10 @@ def rank(priority: int, created: str, key: str) -> Rank:
 def waiting_entry(job: Mapping[str, Any]) -> Waiting | None:
     """The queue entry of a VerlJob body, or None when it is not in the queue (see the module docstring)."""
     meta = job.get("metadata") or {}
-    raw = job.get("status") or {}
-    if meta.get("deletionTimestamp") or raw.get("phase") != "Pending" or raw.get("placement"):
+    status = StatusView.of(job)
+    if meta.get("deletionTimestamp") or status.phase != "Pending" or status.has_placement:
         return None
-    if raw.get("reason") in BLOCKED_REASONS:  # its pods cannot be created now: it keeps no GPUs from others
+    if status.reason in BLOCKED_REASONS:  # its pods cannot be created now: it keeps no GPUs from others
         return None
     try:
         spec = VerlJobSpec.model_validate(job.get("spec") or {})
@@ -104,7 +104,7 @@ def waiting_entry(job: Mapping[str, Any]) -> Waiting | None:
         return None
     if spec.suspend or spec.scheduling.gang != "builtin":
         return None
-    plan = parse_status(raw).plan if raw.get("plan") else None
+    plan = status.parsed().plan if status.has_plan else None
     return Waiting(
         key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
         uid=str(meta.get("uid", "")),

@@ -7,10 +7,11 @@ every case.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from verl_operator.api.spec import VerlJobSpec
+from verl_operator.api.status import Condition, Phase, StatusChange, VerlJobStatus
 from verl_operator.controller.assess import Verdict, assess, pod_phase
 from verl_operator.controller.pipeline import children_of
 from verl_operator.controller.status import condition, parse_time
@@ -66,7 +67,14 @@ def run(seen: Observed, spec: VerlJobSpec) -> Transition:
     return Transition(status=new, delete=stale)
 
 
-def _advance(seen: Observed, phase: Any, reason: str, message: str, **kw: Any) -> Any:
+def _advance(
+    seen: Observed,
+    phase: Phase,
+    reason: str,
+    message: str,
+    conditions: Sequence[Condition] = (),
+    changes: StatusChange | None = None,
+) -> VerlJobStatus:
     return advance(
         seen.status,
         generation=seen.generation,
@@ -74,7 +82,8 @@ def _advance(seen: Observed, phase: Any, reason: str, message: str, **kw: Any) -
         phase=phase,
         reason=reason,
         message=message,
-        **kw,
+        conditions=conditions,
+        changes=changes,
     )
 
 
@@ -89,12 +98,7 @@ def _end_attempt(seen: Observed, verdict: Verdict, current: Pods, stale: tuple[s
             "Restarting",
             verdict.message,
             conditions=[condition("Placed", False, "Restarting", verdict.message, gen, now)],
-            changes={
-                "attempt": status.attempt + 1,
-                "restarts": status.restarts + 1,
-                "placement": None,
-                "nodes": "",
-            },
+            changes=StatusChange(attempt=status.attempt + 1, restarts=status.restarts + 1).unplaced(),
         )
         event = Event("Warning", "Restarting", verdict.message)
         return Transition(
@@ -107,7 +111,7 @@ def _end_attempt(seen: Observed, verdict: Verdict, current: Pods, stale: tuple[s
             "Succeeded",
             verdict.message,
             conditions=[condition("Complete", True, "Succeeded", "the head pod exited 0", gen, now)],
-            changes={"completion_time": now},
+            changes=StatusChange(completion_time=now),
         )
         event = Event("Normal", "Succeeded", verdict.message)
     else:
@@ -117,7 +121,7 @@ def _end_attempt(seen: Observed, verdict: Verdict, current: Pods, stale: tuple[s
             verdict.reason,
             verdict.message,
             conditions=[condition("Failed", True, verdict.reason, verdict.message, gen, now)],
-            changes={"completion_time": now},
+            changes=StatusChange(completion_time=now),
         )
         event = Event("Warning", verdict.reason, verdict.message)
     return Transition(status=new, event=on_change(status, new, event), delete=stale + live, unreserve=True)
@@ -160,10 +164,10 @@ def _create(
     assert seen.status.placement is not None  # run() is only called for a placed job
     text = f"{len(wanted)} Ray pods created and released together"
     placement = seen.status.placement.model_copy(update={"ungated": True})
-    new = _advance(seen, "Starting", "PodsCreated", text, changes={"placement": placement})
+    new = _advance(seen, "Starting", "PodsCreated", text, changes=StatusChange(placement=placement))
     if new.condition("PodsCreatable") is not None:  # what kept the pods from being created has gone
         kept = [c for c in new.conditions if c.type != "PodsCreatable"]
-        new = new.model_copy(update={"conditions": kept})
+        new = StatusChange(conditions=kept).apply(new)
     event = Event("Normal", "PodsCreated", text)
     return Transition(
         status=new, event=on_change(seen.status, new, event), create=missing, delete=stale, ungate=gated

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from verl_operator.api.status import FINISHED_PHASES
+from verl_operator.api.status import FINISHED_PHASES, StatusView
 from verl_operator.controller.status import parse_time
 
 #: Timestamps in status have whole seconds and the checks compare strictly (``elapsed > deadline``): wake a
@@ -29,16 +29,16 @@ def next_due(job: Mapping[str, Any]) -> float | None:
         -> ``12:01:01Z``.
     """
     spec = job.get("spec") or {}
-    status = job.get("status") or {}
-    phase = status.get("phase")
+    status = StatusView.of(job)
+    phase = status.phase
     if phase in FINISHED_PHASES:
         ttl = spec.get("ttlSecondsAfterFinished")
-        done = parse_time(status.get("completionTime"))
+        done = parse_time(status.completion_time)
         if ttl is None or done is None:
             return None
         return done + int(ttl) + MARGIN_SECONDS
     deadline = spec.get("activeDeadlineSeconds")
-    started = parse_time(status.get("startTime"))
+    started = parse_time(status.start_time)
     if deadline is None or started is None or phase == "Suspended" or spec.get("suspend"):
         return None
     return started + int(deadline) + MARGIN_SECONDS

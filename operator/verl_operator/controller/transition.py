@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from verl_operator.api.status import Condition, Phase, VerlJobStatus
+from verl_operator.api.status import Condition, Phase, StatusChange, VerlJobStatus
 from verl_operator.controller.status import bounded, bounded_violations, merge_conditions, summary_conditions
 
 
@@ -64,7 +64,7 @@ def advance(
     reason: str,
     message: str,
     conditions: Sequence[Condition] = (),
-    changes: Mapping[str, Any] | None = None,
+    changes: StatusChange | None = None,
 ) -> VerlJobStatus:
     """The status after a decision: phase, reason and message, conditions merged, other fields changed.
 
@@ -83,7 +83,7 @@ def advance(
         reason: CamelCase reason.
         message: One line.
         conditions: Conditions the decision sets.
-        changes: Other fields to set (snake_case names; None clears a field).
+        changes: Other fields to set (typed: a misspelt field fails where it is written; None clears one).
 
     Returns:
         The new status.
@@ -92,17 +92,14 @@ def advance(
     merged = merge_conditions(
         old.conditions, [*summary_conditions(phase, reason, message, generation, now), *conditions]
     )
-    update: dict[str, Any] = {
-        "phase": phase,
-        "reason": reason,
-        "message": message,
-        "observed_generation": generation,
-        "conditions": merged,
-        **(changes or {}),
-    }
-    if update.get("violations"):  # user input may be quoted in them: the status stays bounded
-        update["violations"] = bounded_violations(update["violations"])
-    return old.model_copy(update=update)
+    change = StatusChange(
+        phase=phase, reason=reason, message=message, observed_generation=generation, conditions=merged
+    )
+    if changes is not None:
+        change |= changes
+    if change.violations:  # user input may be quoted in them: the status stays bounded
+        change |= StatusChange(violations=bounded_violations(change.violations))
+    return change.apply(old)
 
 
 def on_change(old: VerlJobStatus, new: VerlJobStatus, event: Event) -> Event | None:

@@ -17,83 +17,19 @@ Both: ``use_remove_padding=True`` when SP > 1, log-prob dynamic batch size equal
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
+from verl_operator.api.settings_registry import ARR, SETTINGS, Registry
 from verl_operator.planner.inputs import Settings
 from verl_operator.planner.overrides import Override, Value, format_value
 
-ARR = "actor_rollout_ref"
-
-#: Override key -> logical planner input. Keys mapped to one input must agree.
-INPUT_KEYS: dict[str, str] = {
-    "data.train_batch_size": "train_batch_size",
-    "data.max_prompt_length": "max_prompt_length",
-    "data.max_response_length": "max_response_length",
-    "data.train_files": "train_files",
-    "data.val_files": "val_files",
-    f"{ARR}.model.path": "model_path",
-    "critic.model.path": "critic_model_path",
-    "algorithm.adv_estimator": "adv_estimator",
-    "trainer.nnodes": "nnodes",
-    "trainer.n_gpus_per_node": "n_gpus_per_node",
-    f"{ARR}.rollout.n": "rollout_n",
-    f"{ARR}.rollout.name": "rollout_name",
-    f"{ARR}.rollout.mode": "rollout_mode",
-    f"{ARR}.rollout.tensor_model_parallel_size": "rollout_tp",
-    f"{ARR}.rollout.gpu_memory_utilization": "gpu_memory_utilization",
-    f"{ARR}.rollout.max_model_len": "max_model_len",
-    f"{ARR}.rollout.max_num_batched_tokens": "max_num_batched_tokens",
-    f"{ARR}.actor.ulysses_sequence_parallel_size": "sequence_parallel_size",
-    f"{ARR}.actor.fsdp_config.ulysses_sequence_parallel_size": "sequence_parallel_size",
-    f"{ARR}.ref.ulysses_sequence_parallel_size": "sequence_parallel_size",
-    f"{ARR}.ref.fsdp_config.ulysses_sequence_parallel_size": "sequence_parallel_size",
-    f"{ARR}.actor.fsdp_config.fsdp_size": "fsdp_size",
-    f"{ARR}.actor.ppo_mini_batch_size": "ppo_mini_batch_size",
-    f"{ARR}.actor.ppo_micro_batch_size_per_gpu": "ppo_micro_batch_size_per_gpu",
-    f"{ARR}.actor.ppo_micro_batch_size": "ppo_micro_batch_size_global",
-    f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu": "log_prob_micro_batch_size_per_gpu",
-    f"{ARR}.ref.log_prob_micro_batch_size_per_gpu": "log_prob_micro_batch_size_per_gpu",
-    f"{ARR}.rollout.log_prob_micro_batch_size": "log_prob_micro_batch_size_global",
-    f"{ARR}.ref.log_prob_micro_batch_size": "log_prob_micro_batch_size_global",
-    f"{ARR}.actor.use_dynamic_bsz": "dynamic_batch_size",
-    f"{ARR}.rollout.log_prob_use_dynamic_bsz": "dynamic_batch_size",
-    f"{ARR}.ref.log_prob_use_dynamic_bsz": "dynamic_batch_size",
-    "critic.use_dynamic_bsz": "dynamic_batch_size",
-    f"{ARR}.actor.ppo_max_token_len_per_gpu": "max_token_len_per_gpu",
-    f"{ARR}.rollout.log_prob_max_token_len_per_gpu": "log_prob_max_token_len_per_gpu",
-    f"{ARR}.ref.log_prob_max_token_len_per_gpu": "log_prob_max_token_len_per_gpu",
-    f"{ARR}.actor.fsdp_config.param_offload": "param_offload",
-    f"{ARR}.actor.fsdp_config.optimizer_offload": "optimizer_offload",
-    f"{ARR}.model.use_remove_padding": "use_remove_padding",
-    "critic.ppo_micro_batch_size_per_gpu": "critic_ppo_micro_batch_size_per_gpu",
-    "critic.ppo_micro_batch_size": "critic_ppo_micro_batch_size_global",
-}
+#: Override key -> logical planner input (the owned keys of ``api.settings_registry``). Keys mapped to one
+#: input must agree.
+INPUT_KEYS: dict[str, str] = SETTINGS.input_keys()
 
 #: Keys the planner reads (memory model, strategy checks) but passes through unchanged.
-READ_KEYS: dict[str, str] = {
-    f"{ARR}.model.lora_rank": "lora_rank",
-    f"{ARR}.model.override_config.max_position_embeddings": "max_position_embeddings",
-    f"{ARR}.model.enable_gradient_checkpointing": "gradient_checkpointing",
-    f"{ARR}.actor.use_kl_loss": "use_kl_loss",
-    f"{ARR}.actor.entropy_coeff": "entropy_coeff",
-    "algorithm.use_kl_in_reward": "use_kl_in_reward",
-    f"{ARR}.ref.fsdp_config.param_offload": "ref_param_offload",
-    f"{ARR}.actor.strategy": "actor_strategy",
-    "critic.strategy": "critic_strategy",
-    "critic.enable": "critic_enable",
-    f"{ARR}.rollout.enable_chunked_prefill": "enable_chunked_prefill",
-    f"{ARR}.rollout.max_num_seqs": "max_num_seqs",
-    f"{ARR}.rollout.expert_parallel_size": "rollout_ep",
-    f"{ARR}.rollout.pipeline_model_parallel_size": "rollout_pp",
-    f"{ARR}.rollout.data_parallel_size": "rollout_dp",
-    "critic.ppo_max_token_len_per_gpu": "critic_max_token_len_per_gpu",
-    "critic.model.fsdp_config.param_offload": "critic_param_offload",
-    "critic.model.fsdp_config.optimizer_offload": "critic_optimizer_offload",
-    "critic.ppo_mini_batch_size": "critic_ppo_mini_batch_size",
-    "critic.ulysses_sequence_parallel_size": "critic_sequence_parallel_size",
-    "critic.model.fsdp_config.ulysses_sequence_parallel_size": "critic_sequence_parallel_size",
-}
+READ_KEYS: dict[str, str] = SETTINGS.read_keys()
 
 
 def rollout_mode_value(version: str) -> str:
@@ -103,12 +39,7 @@ def rollout_mode_value(version: str) -> str:
 
 def sp_keys(version: str) -> tuple[str, ...]:
     """The keys that carry the Ulysses SP size for actor and ref in this release line."""
-    if version == "0.6":
-        return (f"{ARR}.actor.ulysses_sequence_parallel_size",)
-    return (
-        f"{ARR}.actor.fsdp_config.ulysses_sequence_parallel_size",
-        f"{ARR}.ref.fsdp_config.ulysses_sequence_parallel_size",
-    )
+    return SETTINGS["sequence_parallel_size"].emitted(version)
 
 
 @dataclass(frozen=True)
@@ -131,77 +62,66 @@ class Emitted:
     dtype: str = "bfloat16"
 
 
-def emit(planned: Emitted, passthrough: Sequence[Override]) -> list[str]:
+def emit(planned: Emitted, passthrough: Sequence[Override], registry: Registry = SETTINGS) -> list[str]:
     """The full override list for the target version: the planner's keys once each, then the user's others.
+
+    The keys are the registry's emitted keys, in row order, each with its setting's value (:func:`values`);
+    the ``float16`` keys follow (:func:`dtype_keys`).
 
     Args:
         planned: The planned values.
         passthrough: User overrides the planner does not own, kept verbatim and in order.
+        registry: The settings (the product's own unless a test passes another).
     """
-    v = planned.version
-    st = planned.settings
+    known = values(planned)
     out: list[tuple[str, Any]] = [
-        ("algorithm.adv_estimator", planned.adv_estimator),
-        (f"{ARR}.model.path", planned.model_path),
+        (key, known[name])
+        for name, keys in registry.emitted(planned.version)
+        if name in known
+        for key in keys
     ]
-    if planned.train_files is not None:
-        out.append(("data.train_files", planned.train_files))
-    if planned.val_files is not None:
-        out.append(("data.val_files", planned.val_files))
-    out += [
-        ("data.train_batch_size", st.train_batch_size),
-        ("data.max_prompt_length", planned.max_prompt_length),
-        ("data.max_response_length", planned.max_response_length),
-        ("trainer.nnodes", st.nnodes),
-        ("trainer.n_gpus_per_node", st.gpus_per_node),
-        (f"{ARR}.rollout.name", "vllm"),
-        (f"{ARR}.rollout.mode", planned.rollout_mode or rollout_mode_value(v)),
-        (f"{ARR}.rollout.n", st.rollout_n),
-        (f"{ARR}.rollout.tensor_model_parallel_size", st.rollout_tp),
-        (f"{ARR}.rollout.gpu_memory_utilization", st.gpu_memory_utilization),
-    ]
-    out.append((f"{ARR}.rollout.max_model_len", planned.max_model_len))
-    out.append((f"{ARR}.rollout.max_num_batched_tokens", planned.max_num_batched_tokens))
-    out += [(k, st.sequence_parallel_size) for k in sp_keys(v)]
-    if st.sequence_parallel_size > 1:
-        out.append((f"{ARR}.model.use_remove_padding", True))
-    out += [
-        (f"{ARR}.actor.fsdp_config.fsdp_size", st.fsdp_size),
-        (f"{ARR}.actor.fsdp_config.param_offload", st.param_offload),
-        (f"{ARR}.actor.fsdp_config.optimizer_offload", st.optimizer_offload),
-        (f"{ARR}.actor.ppo_mini_batch_size", st.ppo_mini_batch_size),
-        (f"{ARR}.actor.use_dynamic_bsz", st.dynamic_batch_size),
-        (f"{ARR}.rollout.log_prob_use_dynamic_bsz", st.dynamic_batch_size),
-        (f"{ARR}.ref.log_prob_use_dynamic_bsz", st.dynamic_batch_size),
-    ]
-    out += _batch_keys(planned)
     out += dtype_keys(planned)
     rendered = [f"{k}={format_value(val)}" for k, val in out]
     return rendered + [ov.raw.strip() for ov in passthrough]
 
 
-def _batch_keys(planned: Emitted) -> list[tuple[str, Any]]:
-    """The micro-batch or token-budget keys (the mode's only), and the critic's."""
+#: Emitted only with dynamic batch size (the token budgets) or only without it (the micro-batch sizes).
+_DYNAMIC_ONLY = ("max_token_len_per_gpu", "log_prob_max_token_len_per_gpu")
+_STATIC_ONLY = (
+    "ppo_micro_batch_size_per_gpu",
+    "log_prob_micro_batch_size_per_gpu",
+    "critic_ppo_micro_batch_size_per_gpu",
+)
+#: Emitted only for a job with a critic.
+_CRITIC_ONLY = ("critic_ppo_micro_batch_size_per_gpu", "critic_dynamic_batch_size", "critic_model_path")
+
+
+def values(planned: Emitted) -> dict[str, Any]:
+    """Setting -> the value the planner emits for it; a setting left out is not emitted.
+
+    By default a setting's value is the chosen ``Settings`` field of its name, else the ``Emitted`` field of
+    its name (a setting of neither is not emitted). The special cases below are where the emitted value is
+    not that field, or is emitted only in one mode.
+    """
     st = planned.settings
-    out: list[tuple[str, Any]] = []
-    if st.dynamic_batch_size:
-        out += [
-            (f"{ARR}.actor.ppo_max_token_len_per_gpu", st.max_token_len_per_gpu),
-            (f"{ARR}.rollout.log_prob_max_token_len_per_gpu", st.log_prob_max_token_len_per_gpu),
-            (f"{ARR}.ref.log_prob_max_token_len_per_gpu", st.log_prob_max_token_len_per_gpu),
-        ]
-    else:
-        out += [
-            (f"{ARR}.actor.ppo_micro_batch_size_per_gpu", st.ppo_micro_batch_size_per_gpu),
-            (f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu", st.log_prob_micro_batch_size_per_gpu),
-            (f"{ARR}.ref.log_prob_micro_batch_size_per_gpu", st.log_prob_micro_batch_size_per_gpu),
-        ]
-        if planned.critic:
-            out.append(("critic.ppo_micro_batch_size_per_gpu", st.critic_ppo_micro_batch_size_per_gpu))
-    if planned.critic:
-        out.append(("critic.use_dynamic_bsz", st.dynamic_batch_size))
-        # verl's default names ~/models/deepseek-llm-7b-chat: a critic without a path fails to build.
-        out.append(("critic.model.path", planned.critic_model_path or planned.model_path))
+    out: dict[str, Any] = {f.name: getattr(planned, f.name) for f in fields(planned)}
+    out.update({f.name: getattr(st, f.name) for f in fields(st)})
+    # Special cases:
+    out["n_gpus_per_node"] = st.gpus_per_node  # the chosen layout's name for it
+    out["rollout_name"] = "vllm"  # the only engine the planner models
+    out["rollout_mode"] = planned.rollout_mode or rollout_mode_value(planned.version)
+    out["critic_dynamic_batch_size"] = st.dynamic_batch_size  # verl needs the critic's equal to the actor's
+    # verl's default names ~/models/deepseek-llm-7b-chat: a critic without a path fails to build.
+    out["critic_model_path"] = planned.critic_model_path or planned.model_path
+    for name in ("train_files", "val_files"):  # as the user wrote them, when the user named any
+        if out[name] is None:
+            del out[name]
+    if st.sequence_parallel_size > 1:  # Ulysses SP needs padding removed
+        out["use_remove_padding"] = True
+    for name in [*(_STATIC_ONLY if st.dynamic_batch_size else _DYNAMIC_ONLY)] + (
+        [] if planned.critic else [*_CRITIC_ONLY]
+    ):
+        out.pop(name, None)
     return out
 
 

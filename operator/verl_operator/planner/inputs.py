@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from verl_operator.api.settings_registry import SETTINGS
 from verl_operator.api.spec import ModelShape, VerlJobSpec
 from verl_operator.planner.overrides import Pinned, Value
 from verl_operator.planner.result import Violation
@@ -141,61 +142,46 @@ def _explicit(model: BaseModel, attr: str) -> bool:
     return attr in model.model_fields_set
 
 
-#: logical input -> (wire path, getter returning the value when the user set it, else None)
-_SPEC_FIELDS: dict[str, tuple[str, Callable[[VerlJobSpec], Any]]] = {
-    "train_batch_size": ("spec.data.trainBatchSize", lambda s: s.data.train_batch_size),
-    "max_prompt_length": (
-        "spec.data.maxPromptLength",
-        lambda s: s.data.max_prompt_length if _explicit(s.data, "max_prompt_length") else None,
-    ),
-    "max_response_length": (
-        "spec.data.maxResponseLength",
-        lambda s: s.data.max_response_length if _explicit(s.data, "max_response_length") else None,
-    ),
-    "train_files": ("spec.data.trainFiles", lambda s: list(s.data.train_files) or None),
-    "val_files": ("spec.data.valFiles", lambda s: list(s.data.val_files) or None),
-    "model_path": ("spec.model.path", lambda s: s.model.path),
-    "critic_model_path": (
-        "spec.critic.model.path",
-        lambda s: s.critic.model.path if s.critic.model is not None else None,
-    ),
-    "adv_estimator": (
-        "spec.algorithm",
-        lambda s: (
-            ("gae" if s.algorithm.value == "ppo" else s.algorithm.value)
-            if _explicit(s, "algorithm")
-            else None
-        ),
-    ),
-    "n_gpus_per_node": ("spec.resources.gpusPerNode", lambda s: s.resources.gpus_per_node),
-    "rollout_n": ("spec.rollout.responsesPerPrompt", lambda s: s.rollout.responses_per_prompt),
-    "rollout_tp": ("spec.rollout.tensorParallelSize", lambda s: s.rollout.tensor_parallel_size),
-    "gpu_memory_utilization": (
-        "spec.rollout.gpuMemoryUtilization",
-        lambda s: s.rollout.gpu_memory_utilization,
-    ),
-    "sequence_parallel_size": (
-        "spec.parallelism.sequenceParallelSize",
-        lambda s: s.parallelism.sequence_parallel_size,
-    ),
-    "fsdp_size": ("spec.parallelism.fsdpSize", lambda s: s.parallelism.fsdp_size),
-    "ppo_mini_batch_size": ("spec.batching.ppoMiniBatchSize", lambda s: s.batching.ppo_mini_batch_size),
-    "ppo_micro_batch_size_per_gpu": (
-        "spec.batching.ppoMicroBatchSizePerGpu",
-        lambda s: s.batching.ppo_micro_batch_size_per_gpu,
-    ),
-    "log_prob_micro_batch_size_per_gpu": (
-        "spec.batching.logProbMicroBatchSizePerGpu",
-        lambda s: s.batching.log_prob_micro_batch_size_per_gpu,
-    ),
-    "dynamic_batch_size": ("spec.batching.dynamicBatchSize", lambda s: s.batching.dynamic_batch_size),
-    "max_token_len_per_gpu": ("spec.batching.maxTokenLenPerGpu", lambda s: s.batching.max_token_len_per_gpu),
-    "param_offload": ("spec.offload.params", lambda s: s.offload.params),
-    "optimizer_offload": ("spec.offload.optimizer", lambda s: s.offload.optimizer),
+def spec_value(spec: BaseModel, path: str) -> Any:
+    """The value of the camelCase field ``path`` under ``spec`` when the user set it, else None: a field left
+    at its default, under an absent section, or an empty list pins nothing."""
+    node: Any = spec
+    for part in path.split("."):
+        if node is None:
+            return None
+        attr = _attribute(type(node), part)
+        if not _explicit(node, attr) and type(node).model_fields[attr].default is not None:
+            return None  # a default is not a pin (``maxPromptLength: 512`` unless written)
+        node = getattr(node, attr)
+    if isinstance(node, list):
+        return list(node) or None
+    return node
+
+
+def _attribute(model: type[BaseModel], wire: str) -> str:
+    """The Python attribute of the field spelt ``wire`` on the wire."""
+    for name, info in model.model_fields.items():
+        if wire in (info.alias, name):
+            return name
+    raise KeyError(f"{model.__name__} has no field {wire!r}")
+
+
+#: Settings whose spec value is not the planner's input as it is: ``algorithm: ppo`` is verl's
+#: ``adv_estimator=gae`` (the other algorithms are named as verl names them).
+_SPEC_VALUE: dict[str, Callable[[Any], Any]] = {
+    "adv_estimator": lambda alg: "gae" if alg.value == "ppo" else alg.value,
 }
 
+
+def spec_pin(spec: VerlJobSpec, name: str) -> Any:
+    """The value the spec field of setting ``name`` pins (see :func:`spec_value`), as the planner's input."""
+    value = spec_value(spec, str(SETTINGS[name].spec))
+    convert = _SPEC_VALUE.get(name)
+    return convert(value) if convert is not None and value is not None else value
+
+
 #: The structured field that corresponds to an input (for messages even when only an override set it).
-SPEC_PATHS: dict[str, str] = {name: path for name, (path, _) in _SPEC_FIELDS.items()}
+SPEC_PATHS: dict[str, str] = SETTINGS.spec_paths()
 
 
 def merge_pins(
@@ -203,15 +189,16 @@ def merge_pins(
 ) -> tuple[dict[str, Pinned], list[Violation]]:
     """Merge the structured fields and the overrides into one set of pinned inputs.
 
-    A value set in both places must be equal; otherwise the result is a violation naming both.
+    The structured fields are the registry's rows with a spec path, in row order. A value set in both places
+    must be equal; otherwise the result is a violation naming both.
 
     Returns:
         ``(pins, violations)``.
     """
     pins: dict[str, Pinned] = dict(from_overrides)
     violations: list[Violation] = []
-    for name, (path, getter) in _SPEC_FIELDS.items():
-        value = getter(spec)
+    for name, path in SPEC_PATHS.items():
+        value = spec_pin(spec, name)
         if value is None:
             continue
         other = from_overrides.get(name)

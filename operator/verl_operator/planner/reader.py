@@ -1,12 +1,13 @@
-"""Typed access to the pinned inputs: a value of the wrong type or out of ``api/limits.py``'s bounds is a
-violation (collected in ``Reader.violations``), never an exception."""
+"""Typed access to the pinned inputs: a value of the wrong type or out of its bounds (the settings registry's,
+``api/settings_registry.py``) is a violation (collected in ``Reader.violations``), never an exception."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 
-from verl_operator.api.limits import DEFAULT_INT_BOUNDS, INPUT_BOUNDS
+from verl_operator.api.limits import DEFAULT_INT_BOUNDS
+from verl_operator.api.settings_registry import SETTINGS, Registry
 from verl_operator.planner.overrides import Pinned
 from verl_operator.planner.result import Violation
 
@@ -14,9 +15,13 @@ from verl_operator.planner.result import Violation
 class Reader:
     """Typed access to pinned values; a value of the wrong type becomes a violation."""
 
-    def __init__(self, pins: Mapping[str, Pinned], reads: Mapping[str, Pinned]) -> None:
+    def __init__(
+        self, pins: Mapping[str, Pinned], reads: Mapping[str, Pinned], registry: Registry = SETTINGS
+    ) -> None:
         self.pins = pins
         self.reads = reads
+        self.registry = registry
+        self._int_bounds = registry.int_bounds()
         self.violations: list[Violation] = []
 
     def _bad(self, pin: Pinned, want: str) -> None:
@@ -40,14 +45,14 @@ class Reader:
         )
 
     def get_int(self, name: str, reads: bool = False) -> int | None:
-        """The pinned integer ``name``, or None; a value past ``limits.INPUT_BOUNDS`` is a violation."""
+        """The pinned integer ``name``, or None; a value past the setting's bounds is a violation."""
         pin = (self.reads if reads else self.pins).get(name)
         if pin is None or pin.value is None:
             return None
         if isinstance(pin.value, bool) or not isinstance(pin.value, int):
             self._bad(pin, "an integer")
             return None
-        lo, hi = INPUT_BOUNDS.get(name, DEFAULT_INT_BOUNDS)
+        lo, hi = self._int_bounds.get(name, DEFAULT_INT_BOUNDS)
         if not lo <= pin.value <= hi:
             digits = len(str(abs(pin.value)))
             shown = str(pin.value) if digits <= 20 else f"a {digits}-digit integer"
@@ -64,8 +69,11 @@ class Reader:
             return None
         return pin.value
 
-    def get_float(self, name: str, low: float, high: float) -> float | None:
-        """The pinned number ``name`` in ``(low, high]``, or None (a value outside is a violation)."""
+    def get_float(self, name: str) -> float | None:
+        """The pinned number ``name`` within the setting's bounds, or None (a value outside is a violation)."""
+        bounds = self.registry[name].bounds
+        assert bounds is not None and bounds.low_exclusive, f"{name}: a number needs bounds (low exclusive)"
+        low, high = bounds.low, bounds.high
         pin = self.pins.get(name)
         if pin is None or pin.value is None:
             return None

@@ -3,10 +3,11 @@ merged, types checked) and the settings the planner does not support, as violati
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from verl_operator.api.settings_registry import SETTINGS
 from verl_operator.api.spec import ModelShape, VerlJobSpec
 from verl_operator.planner import catalog, dialect, verl_keys
 from verl_operator.planner.inputs import Fixed, Problem, merge_pins
@@ -256,31 +257,12 @@ def _expert_parallel(r: _Reader, shape: ModelShape) -> list[Violation]:
 
 
 # -- pinned values -----------------------------------------------------------------------------------------------
-#: Fixed fields read as integers, booleans and numbers.
-_INT_FIELDS = (
-    "train_batch_size",
-    "rollout_n",
-    "rollout_tp",
-    "sequence_parallel_size",
-    "fsdp_size",
-    "ppo_mini_batch_size",
-    "ppo_micro_batch_size_per_gpu",
-    "ppo_micro_batch_size_global",
-    "log_prob_micro_batch_size_per_gpu",
-    "log_prob_micro_batch_size_global",
-    "max_token_len_per_gpu",
-    "log_prob_max_token_len_per_gpu",
-    "critic_ppo_micro_batch_size_per_gpu",
-    "critic_ppo_micro_batch_size_global",
-)
-_BOOL_FIELDS = ("dynamic_batch_size", "param_offload", "optimizer_offload")
-
-
 def _fixed(r: _Reader) -> Fixed:
-    values: dict[str, Any] = {name: r.get_int(name) for name in _INT_FIELDS}
-    values.update({name: r.get_bool(name) for name in _BOOL_FIELDS})
-    # vLLM's fraction of the GPU memory: more than 0, at most all of it.
-    return Fixed(gpu_memory_utilization=r.get_float("gpu_memory_utilization", 0.0, 1.0), **values)
+    """Every field of ``Fixed``, read as its setting's kind (integers and numbers within their bounds):
+    the integers first, then the booleans, then the numbers (the order of their violations)."""
+    read: dict[str, Callable[[str], Any]] = {"int": r.get_int, "bool": r.get_bool, "float": r.get_float}
+    names = sorted((f.name for f in fields(Fixed)), key=lambda name: list(read).index(SETTINGS[name].kind))
+    return Fixed(**{name: read[SETTINGS[name].kind](name) for name in names})
 
 
 # -- resources -----------------------------------------------------------------------------------------------------

@@ -1,0 +1,599 @@
+"""The settings registry: one row per setting the planner pins, reads or emits.
+
+A row says everything the operator knows about one setting: its logical name (the name of the planner's
+input), the structured spec field that pins it (if any), the verl override keys that pin or feed it (every
+spelling of every supported release line is accepted as input), the keys the planner emits for it per release
+line, its bounds, the plan field it lands in and its description. The tables used elsewhere are derived from
+the rows, never written again:
+
+- the CRD's bounds and descriptions of those spec fields (:meth:`Registry.field`, used by ``api.spec``);
+- the override reader's tables (``planner.dialect.INPUT_KEYS`` and ``READ_KEYS``), the spec paths named in
+  violations (``planner.inputs.SPEC_PATHS``) and the structured fields merged into the pins;
+- the integer bounds applied to pinned overrides (``planner.reader``);
+- the keys the dialect emitter writes, in row order (``planner.dialect.emit``);
+- the plan fields that carry a setting as chosen (``planner.report``).
+
+Adding a setting is adding a row (see ``docs/planner.md``, "Settings registry: adding a setting"). The rows are
+plain data: the api layer is the bottom of the import layers, so the planner reads it and it imports no
+planner code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import Field
+
+from verl_operator.api import limits as L
+
+#: The verl release lines a row's emitted keys are given for (``api.spec.SUPPORTED_VERL_VERSIONS``).
+LINES: tuple[str, ...] = ("0.6", "0.9")
+
+ARR = "actor_rollout_ref"
+
+#: How the planner reads a pinned value (``planner.reader``): an integer in bounds, True/False, a number in
+#: bounds, text, or a path or list of paths.
+Kind = Literal["int", "bool", "float", "str", "paths", "any"]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The lowest and highest value; ``low_exclusive``: the lowest is not allowed (``gt`` instead of ``ge``)."""
+
+    low: int | float
+    high: int | float
+    low_exclusive: bool = False
+
+
+@dataclass(frozen=True)
+class SettingRow:
+    """One setting.
+
+    Attributes:
+        name: The logical name: the planner's input (``train_batch_size``).
+        kind: How a pinned value is read (see :data:`Kind`).
+        description: What it is; the CRD's description of the spec field when ``spec`` is set.
+        spec: The spec field that pins it, as a camelCase path under ``spec`` (``data.trainBatchSize``); None
+            for a setting pinned by overrides only.
+        keys: The override keys that pin it (owned) or that the planner reads (not owned), every release
+            line's spelling: all are accepted as input, and keys of one setting must agree.
+        owned: The planner owns the keys: they pin the input, are taken out of the pass-through overrides and
+            the planner emits its own value. Not owned: read (memory model, checks), passed through unchanged.
+        emits: The keys the planner emits with the setting's value, for every release line.
+        emits_by_line: Release line -> the emitted keys where the lines spell them differently.
+        bounds: The bounds of a number (the spec field's and a pinned override's).
+        plan: The plan field that carries the chosen value, as a camelCase path under ``status.plan``.
+    """
+
+    name: str
+    kind: Kind
+    description: str
+    spec: str | None = None
+    keys: tuple[str, ...] = ()
+    owned: bool = True
+    emits: tuple[str, ...] = ()
+    emits_by_line: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    bounds: Bounds | None = None
+    plan: str | None = None
+
+    def emitted(self, line: str) -> tuple[str, ...]:
+        """The keys emitted for the release line ``line`` (none: the planner does not emit it)."""
+        return self.emits_by_line.get(line, self.emits)
+
+    @property
+    def spec_path(self) -> str | None:
+        """The spec field as violations name it (``spec.data.trainBatchSize``)."""
+        return f"spec.{self.spec}" if self.spec is not None else None
+
+
+class Registry:
+    """The rows, in the order the planner emits their keys; the tables derived from them."""
+
+    def __init__(self, rows: Iterable[SettingRow]) -> None:
+        self.rows: tuple[SettingRow, ...] = tuple(rows)
+        self._by_name = {row.name: row for row in self.rows}
+        _check(self.rows)
+
+    def __getitem__(self, name: str) -> SettingRow:
+        return self._by_name[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Iterator[SettingRow]:
+        return iter(self.rows)
+
+    def with_rows(self, *rows: SettingRow) -> Registry:
+        """A copy with ``rows`` added at the end (a row of the same name is replaced in place)."""
+        new = {row.name: row for row in rows}
+        kept = [new.pop(row.name, row) for row in self.rows]
+        return Registry([*kept, *new.values()])
+
+    def input_keys(self) -> dict[str, str]:
+        """Override key -> setting, for the keys the planner owns (``dialect.INPUT_KEYS``)."""
+        return {key: row.name for row in self.rows if row.owned for key in row.keys}
+
+    def read_keys(self) -> dict[str, str]:
+        """Override key -> setting, for the keys the planner reads and passes through (``dialect.READ_KEYS``)."""
+        return {key: row.name for row in self.rows if not row.owned for key in row.keys}
+
+    def spec_paths(self) -> dict[str, str]:
+        """Setting -> the spec field that pins it (``spec.data.trainBatchSize``), for those with one."""
+        return {row.name: row.spec_path for row in self.rows if row.spec_path is not None}
+
+    def int_bounds(self) -> dict[str, tuple[int, int]]:
+        """Setting -> ``(lowest, highest)`` of the integer settings with bounds."""
+        return {
+            row.name: (int(row.bounds.low), int(row.bounds.high))
+            for row in self.rows
+            if row.kind == "int" and row.bounds is not None
+        }
+
+    def emitted(self, line: str) -> list[tuple[str, tuple[str, ...]]]:
+        """``(setting, keys)`` of every setting the planner emits for ``line``, in row order."""
+        return [(row.name, keys) for row in self.rows if (keys := row.emitted(line))]
+
+    def plan_fields(self, section: str = "") -> dict[str, str]:
+        """Setting -> its snake_case plan field directly under ``section`` (``"batching"``; ``""``: the plan)."""
+        prefix = f"{section}." if section else ""
+        out: dict[str, str] = {}
+        for row in self.rows:
+            if row.plan is None or not row.plan.startswith(prefix):
+                continue
+            rest = row.plan[len(prefix) :]
+            if "." not in rest:
+                out[row.name] = _snake(rest)
+        return out
+
+    def field(self, name: str, **kwargs: Any) -> Any:
+        """The pydantic ``Field`` of the spec field of ``name``: its description and bounds from the row,
+        everything else (the default) from ``kwargs``."""
+        row = self[name]
+        args: dict[str, Any] = {"description": row.description}
+        if row.bounds is not None:
+            args["gt" if row.bounds.low_exclusive else "ge"] = row.bounds.low
+            args["le"] = row.bounds.high
+        return Field(**args, **kwargs)
+
+
+def _snake(camel: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in camel)
+
+
+def _check(rows: tuple[SettingRow, ...]) -> None:
+    """A registry is consistent: names and keys unique, every emitted key one the planner owns (so that the
+    user's own copy of it is taken out of the pass-through overrides), bounds in order."""
+    names: set[str] = set()
+    keys: dict[str, str] = {}
+    for row in rows:
+        if row.name in names:
+            raise ValueError(f"setting {row.name!r} is registered twice")
+        names.add(row.name)
+        for key in row.keys:
+            if key in keys:
+                raise ValueError(f"override key {key!r} belongs to {keys[key]!r} and {row.name!r}")
+            keys[key] = row.name
+        if row.bounds is not None and not row.bounds.low <= row.bounds.high:
+            raise ValueError(f"setting {row.name!r}: bounds {row.bounds} are not in order")
+        if unknown := set(row.emits_by_line) - set(LINES):
+            raise ValueError(f"setting {row.name!r}: no release line {sorted(unknown)}")
+    owned = {key for row in rows if row.owned for key in row.keys}
+    for row in rows:
+        for line in LINES:
+            if stray := [k for k in row.emitted(line) if k not in owned]:
+                raise ValueError(f"setting {row.name!r} emits {stray} for {line}, which no owned row reads")
+
+
+def _row(name: str, kind: Kind, description: str, *keys: str, emit: bool = True, **kw: Any) -> SettingRow:
+    """An owned row; ``emit``: the planner emits every one of its keys (else pass ``emits=``)."""
+    if emit and "emits" not in kw:
+        kw["emits"] = keys
+    return SettingRow(name=name, kind=kind, description=description, keys=keys, **kw)
+
+
+def _read(name: str, kind: Kind, description: str, *keys: str, **kw: Any) -> SettingRow:
+    """A row the planner reads and passes through."""
+    return SettingRow(name=name, kind=kind, description=description, keys=keys, owned=False, **kw)
+
+
+def _int(low: int, high: int) -> Bounds:
+    return Bounds(low, high)
+
+
+#: Every setting. Owned rows come first, in the order the planner emits their keys.
+SETTINGS = Registry(
+    [
+        # -- emitted, in the order of the override list ------------------------------------------------------
+        _row(
+            "adv_estimator",
+            "str",
+            "RL algorithm; ppo brings a critic.",
+            "algorithm.adv_estimator",
+            spec="algorithm",
+        ),
+        _row("model_path", "str", "The policy model's path.", f"{ARR}.model.path", spec="model.path"),
+        _row(
+            "train_files",
+            "paths",
+            "Training parquet files (data.train_files).",
+            "data.train_files",
+            spec="data.trainFiles",
+        ),
+        _row(
+            "val_files",
+            "paths",
+            "Validation parquet files (data.val_files).",
+            "data.val_files",
+            spec="data.valFiles",
+        ),
+        _row(
+            "train_batch_size",
+            "int",
+            "Prompts per step (data.train_batch_size); the planner decides if omitted.",
+            "data.train_batch_size",
+            spec="data.trainBatchSize",
+            bounds=_int(1, L.MAX_BATCH),
+            plan="batching.trainBatchSize",
+        ),
+        _row(
+            "max_prompt_length",
+            "int",
+            "data.max_prompt_length in tokens.",
+            "data.max_prompt_length",
+            spec="data.maxPromptLength",
+            bounds=_int(1, L.MAX_TOKENS),
+        ),
+        _row(
+            "max_response_length",
+            "int",
+            "data.max_response_length in tokens.",
+            "data.max_response_length",
+            spec="data.maxResponseLength",
+            bounds=_int(1, L.MAX_TOKENS),
+        ),
+        _row(
+            "nnodes",
+            "int",
+            "Nodes (Ray pods) of the job.",
+            "trainer.nnodes",
+            bounds=_int(1, L.MAX_GPUS),
+            plan="nnodes",
+        ),
+        _row(
+            "n_gpus_per_node",
+            "int",
+            "GPUs used on each node; the planner decides from the nodes if omitted.",
+            "trainer.n_gpus_per_node",
+            spec="resources.gpusPerNode",
+            bounds=_int(1, L.MAX_GPUS_PER_NODE),
+            plan="gpusPerNode",
+        ),
+        _row("rollout_name", "str", "The rollout engine (vllm only).", f"{ARR}.rollout.name"),
+        _row(
+            "rollout_mode",
+            "str",
+            "verl's rollout.mode: sync (SPMD, verl 0.6) or async (vLLM servers).",
+            f"{ARR}.rollout.mode",
+            plan="rollout.mode",
+        ),
+        _row(
+            "rollout_n",
+            "int",
+            "Responses sampled per prompt: verl's rollout.n (actor_rollout_ref.rollout.n). Named in full because "
+            "YAML 1.1 readers such as kubectl take a bare n key for the boolean false.",
+            f"{ARR}.rollout.n",
+            spec="rollout.responsesPerPrompt",
+            bounds=_int(1, L.MAX_ROLLOUT_N),
+            plan="batching.rolloutN",
+        ),
+        _row(
+            "rollout_tp",
+            "int",
+            "vLLM tensor parallel size per rollout replica; planner decides if omitted.",
+            f"{ARR}.rollout.tensor_model_parallel_size",
+            spec="rollout.tensorParallelSize",
+            bounds=_int(1, L.MAX_PARALLEL),
+            plan="rollout.tensorParallelSize",
+        ),
+        _row(
+            "gpu_memory_utilization",
+            "float",
+            "Fraction of total GPU memory vLLM may use (weights + KV cache).",
+            f"{ARR}.rollout.gpu_memory_utilization",
+            spec="rollout.gpuMemoryUtilization",
+            bounds=Bounds(0, 1, low_exclusive=True),
+            plan="rollout.gpuMemoryUtilization",
+        ),
+        _row(
+            "max_model_len",
+            "int",
+            "vLLM's longest sequence: prompt + response unless pinned.",
+            f"{ARR}.rollout.max_model_len",
+            bounds=_int(1, L.MAX_TOKENS),
+            plan="rollout.maxModelLen",
+        ),
+        _row(
+            "max_num_batched_tokens",
+            "int",
+            "Tokens vLLM batches per step (at least max_model_len in verl 0.6's SPMD rollout).",
+            f"{ARR}.rollout.max_num_batched_tokens",
+            bounds=_int(1, L.MAX_TOKEN_BUDGET),
+        ),
+        _row(
+            "sequence_parallel_size",
+            "int",
+            "Ulysses sequence parallel size of actor/ref/critic.",
+            f"{ARR}.actor.ulysses_sequence_parallel_size",
+            f"{ARR}.actor.fsdp_config.ulysses_sequence_parallel_size",
+            f"{ARR}.ref.ulysses_sequence_parallel_size",
+            f"{ARR}.ref.fsdp_config.ulysses_sequence_parallel_size",
+            spec="parallelism.sequenceParallelSize",
+            bounds=_int(1, L.MAX_PARALLEL),
+            plan="sequenceParallelSize",
+            # 0.6's worker reads the actor's top-level key; 0.9 reads fsdp_config's, for actor and ref.
+            emits_by_line={
+                "0.6": (f"{ARR}.actor.ulysses_sequence_parallel_size",),
+                "0.9": (
+                    f"{ARR}.actor.fsdp_config.ulysses_sequence_parallel_size",
+                    f"{ARR}.ref.fsdp_config.ulysses_sequence_parallel_size",
+                ),
+            },
+            emit=False,
+        ),
+        _row(
+            "use_remove_padding",
+            "bool",
+            "Micro-batches hold only real tokens (set by the planner with Ulysses SP).",
+            f"{ARR}.model.use_remove_padding",
+        ),
+        _row(
+            "fsdp_size",
+            "int",
+            "FSDP shard group size: -1 (whole world) or a divisor of the world size.",
+            f"{ARR}.actor.fsdp_config.fsdp_size",
+            spec="parallelism.fsdpSize",
+            bounds=_int(-1, L.MAX_GPUS),
+            plan="fsdpSize",
+        ),
+        _row(
+            "param_offload",
+            "bool",
+            "Offload actor/ref parameters to CPU between phases.",
+            f"{ARR}.actor.fsdp_config.param_offload",
+            spec="offload.params",
+        ),
+        _row(
+            "optimizer_offload",
+            "bool",
+            "Offload the optimizer state to CPU between phases.",
+            f"{ARR}.actor.fsdp_config.optimizer_offload",
+            spec="offload.optimizer",
+        ),
+        _row(
+            "ppo_mini_batch_size",
+            "int",
+            "Prompts per PPO mini-batch (actor.ppo_mini_batch_size), before x responsesPerPrompt (verl's rollout.n).",
+            f"{ARR}.actor.ppo_mini_batch_size",
+            spec="batching.ppoMiniBatchSize",
+            bounds=_int(1, L.MAX_BATCH),
+            plan="batching.ppoMiniBatchSize",
+        ),
+        _row(
+            "dynamic_batch_size",
+            "bool",
+            "Pack micro-batches by token count (use_dynamic_bsz) instead of sample count.",
+            f"{ARR}.actor.use_dynamic_bsz",
+            f"{ARR}.rollout.log_prob_use_dynamic_bsz",
+            f"{ARR}.ref.log_prob_use_dynamic_bsz",
+            "critic.use_dynamic_bsz",  # emitted with the critic only: see critic_dynamic_batch_size
+            spec="batching.dynamicBatchSize",
+            plan="batching.dynamicBatchSize",
+            emits=(
+                f"{ARR}.actor.use_dynamic_bsz",
+                f"{ARR}.rollout.log_prob_use_dynamic_bsz",
+                f"{ARR}.ref.log_prob_use_dynamic_bsz",
+            ),
+        ),
+        _row(
+            "max_token_len_per_gpu",
+            "int",
+            "Token budget per GPU with dynamic batch size (ppo_max_token_len_per_gpu).",
+            f"{ARR}.actor.ppo_max_token_len_per_gpu",
+            spec="batching.maxTokenLenPerGpu",
+            bounds=_int(1, L.MAX_TOKEN_BUDGET),
+            plan="batching.maxTokenLenPerGpu",
+        ),
+        _row(
+            "log_prob_max_token_len_per_gpu",
+            "int",
+            "Log-prob token budget per GPU with dynamic batch size (rollout and ref).",
+            f"{ARR}.rollout.log_prob_max_token_len_per_gpu",
+            f"{ARR}.ref.log_prob_max_token_len_per_gpu",
+            bounds=_int(1, L.MAX_TOKEN_BUDGET),
+            plan="batching.logProbMaxTokenLenPerGpu",
+        ),
+        _row(
+            "ppo_micro_batch_size_per_gpu",
+            "int",
+            "Sequences per GPU per forward/backward (gradient accumulation unit).",
+            f"{ARR}.actor.ppo_micro_batch_size_per_gpu",
+            spec="batching.ppoMicroBatchSizePerGpu",
+            bounds=_int(1, L.MAX_BATCH),
+            plan="batching.ppoMicroBatchSizePerGpu",
+        ),
+        _row(
+            "log_prob_micro_batch_size_per_gpu",
+            "int",
+            "Sequences per GPU per log-prob forward (rollout and ref).",
+            f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu",
+            f"{ARR}.ref.log_prob_micro_batch_size_per_gpu",
+            spec="batching.logProbMicroBatchSizePerGpu",
+            bounds=_int(1, L.MAX_BATCH),
+            plan="batching.logProbMicroBatchSizePerGpu",
+        ),
+        _row(
+            "critic_ppo_micro_batch_size_per_gpu",
+            "int",
+            "The critic's sequences per GPU per forward/backward.",
+            "critic.ppo_micro_batch_size_per_gpu",
+            bounds=_int(1, L.MAX_BATCH),
+        ),
+        # The critic's copy of dynamic_batch_size: its key pins dynamic_batch_size (one input, keys that must
+        # agree); this row only places the emitted key after the critic's micro-batch size.
+        SettingRow(
+            name="critic_dynamic_batch_size",
+            kind="bool",
+            description="The critic's use_dynamic_bsz: the actor's value.",
+            emits=("critic.use_dynamic_bsz",),
+        ),
+        _row(
+            "critic_model_path",
+            "str",
+            "The critic's model path (the actor's unless named).",
+            "critic.model.path",
+            spec="critic.model.path",
+        ),
+        # -- owned, not emitted: verl's deprecated global forms (the planner emits the _per_gpu forms) ---------
+        _row(
+            "ppo_micro_batch_size_global",
+            "int",
+            "The actor's micro-batch size over all GPUs (deprecated form).",
+            f"{ARR}.actor.ppo_micro_batch_size",
+            emit=False,
+            bounds=_int(1, L.MAX_BATCH),
+        ),
+        _row(
+            "log_prob_micro_batch_size_global",
+            "int",
+            "The log-prob micro-batch size over all GPUs (deprecated form).",
+            f"{ARR}.rollout.log_prob_micro_batch_size",
+            f"{ARR}.ref.log_prob_micro_batch_size",
+            emit=False,
+            bounds=_int(1, L.MAX_BATCH),
+        ),
+        _row(
+            "critic_ppo_micro_batch_size_global",
+            "int",
+            "The critic's micro-batch size over all GPUs (deprecated form).",
+            "critic.ppo_micro_batch_size",
+            emit=False,
+            bounds=_int(1, L.MAX_BATCH),
+        ),
+        # -- read (memory model, strategy checks) and passed through unchanged ------------------------------
+        _read(
+            "lora_rank",
+            "int",
+            "LoRA rank (0: full fine-tuning).",
+            f"{ARR}.model.lora_rank",
+            bounds=_int(0, L.MAX_HIDDEN),
+        ),
+        _read(
+            "max_position_embeddings",
+            "int",
+            "The model's longest sequence, raised by override_config.",
+            f"{ARR}.model.override_config.max_position_embeddings",
+            bounds=_int(1, L.MAX_TOKENS),
+        ),
+        _read(
+            "gradient_checkpointing",
+            "bool",
+            "Activation recomputation (on unless switched off).",
+            f"{ARR}.model.enable_gradient_checkpointing",
+        ),
+        _read(
+            "use_kl_loss", "bool", "A KL loss term (needs the reference model).", f"{ARR}.actor.use_kl_loss"
+        ),
+        _read(
+            "entropy_coeff",
+            "any",
+            "Entropy bonus (not 0: the update computes the entropy).",
+            f"{ARR}.actor.entropy_coeff",
+        ),
+        _read(
+            "use_kl_in_reward",
+            "bool",
+            "KL in the reward (needs the reference model).",
+            "algorithm.use_kl_in_reward",
+        ),
+        _read(
+            "ref_param_offload",
+            "bool",
+            "Offload the reference model's parameters.",
+            f"{ARR}.ref.fsdp_config.param_offload",
+        ),
+        _read(
+            "actor_strategy", "str", "The actor's training backend (fsdp, fsdp2).", f"{ARR}.actor.strategy"
+        ),
+        _read("critic_strategy", "str", "The critic's training backend (fsdp, fsdp2).", "critic.strategy"),
+        _read("critic_enable", "bool", "A critic, whatever the estimator.", "critic.enable"),
+        _read(
+            "enable_chunked_prefill",
+            "bool",
+            "vLLM's chunked prefill (on unless switched off).",
+            f"{ARR}.rollout.enable_chunked_prefill",
+        ),
+        _read(
+            "max_num_seqs",
+            "int",
+            "Sequences vLLM batches (256 by default).",
+            f"{ARR}.rollout.max_num_seqs",
+            bounds=_int(1, L.MAX_SEQS),
+        ),
+        _read(
+            "rollout_ep",
+            "int",
+            "The rollout's expert parallel size (mixture-of-experts models).",
+            f"{ARR}.rollout.expert_parallel_size",
+            bounds=_int(0, L.MAX_PARALLEL),
+        ),
+        _read(
+            "rollout_pp",
+            "int",
+            "The rollout's pipeline parallel size (not supported above 1).",
+            f"{ARR}.rollout.pipeline_model_parallel_size",
+            bounds=_int(0, L.MAX_PARALLEL),
+        ),
+        _read(
+            "rollout_dp",
+            "int",
+            "Data parallelism inside a rollout replica (not supported above 1).",
+            f"{ARR}.rollout.data_parallel_size",
+            bounds=_int(0, L.MAX_PARALLEL),
+        ),
+        _read(
+            "critic_max_token_len_per_gpu",
+            "int",
+            "The critic's token budget per GPU with dynamic batch size.",
+            "critic.ppo_max_token_len_per_gpu",
+            bounds=_int(1, L.MAX_TOKEN_BUDGET),
+        ),
+        _read(
+            "critic_param_offload",
+            "bool",
+            "Offload the critic's parameters (0.6 spelling).",
+            "critic.model.fsdp_config.param_offload",
+        ),
+        _read(
+            "critic_optimizer_offload",
+            "bool",
+            "Offload the critic's optimizer state (0.6 spelling).",
+            "critic.model.fsdp_config.optimizer_offload",
+        ),
+        _read(
+            "critic_ppo_mini_batch_size",
+            "int",
+            "The critic's PPO mini-batch size.",
+            "critic.ppo_mini_batch_size",
+        ),
+        _read(
+            "critic_sequence_parallel_size",
+            "int",
+            "The critic's Ulysses sequence parallel size.",
+            "critic.ulysses_sequence_parallel_size",
+            "critic.model.fsdp_config.ulysses_sequence_parallel_size",
+            bounds=_int(1, L.MAX_PARALLEL),
+        ),
+    ]
+)

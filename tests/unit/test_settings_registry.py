@@ -1,0 +1,219 @@
+"""The settings registry: the CRD's bounds, the override reader, the emitter and the plan come from its rows, so
+a setting added as one row is read, bounded and emitted with no other edit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from conftest import make_nodes, make_spec
+from pydantic import ValidationError, create_model
+
+from verl_operator.api.settings_registry import SETTINGS, Bounds, Registry, SettingRow
+from verl_operator.api.spec import SUPPORTED_VERL_VERSIONS
+from verl_operator.crdgen import build_crd
+from verl_operator.planner import plan_job
+from verl_operator.planner.dialect import INPUT_KEYS, READ_KEYS, Emitted, emit, format_value
+from verl_operator.planner.inputs import SPEC_PATHS, Settings, spec_value
+from verl_operator.planner.overrides import parse_overrides, read_owned
+from verl_operator.planner.reader import Reader
+
+#: The dummy setting: two spellings, each release line emitting its own, bounded 1 to 10.
+DUMMY = SettingRow(
+    name="dummy_knob",
+    kind="int",
+    description="A knob that exists only in this test.",
+    spec="dummyKnob",
+    keys=("trainer.dummy_knob", "trainer.old_dummy_knob"),
+    emits_by_line={"0.6": ("trainer.old_dummy_knob",), "0.9": ("trainer.dummy_knob",)},
+    bounds=Bounds(1, 10),
+    plan="dummyKnob",
+)
+WITH_DUMMY = SETTINGS.with_rows(DUMMY)
+
+
+@dataclass(frozen=True)
+class DummySettings(Settings):
+    """A candidate layout that also chose the dummy knob (as the search would once it decides it)."""
+
+    dummy_knob: int = 7
+
+
+def _settings(cls: type[Settings] = Settings) -> Settings:
+    return cls(
+        world=8,
+        nnodes=1,
+        gpus_per_node=8,
+        train_batch_size=64,
+        rollout_n=4,
+        rollout_tp=2,
+        gpu_memory_utilization=0.6,
+        sequence_parallel_size=1,
+        fsdp_size=-1,
+        ppo_mini_batch_size=32,
+        ppo_micro_batch_size_per_gpu=4,
+        log_prob_micro_batch_size_per_gpu=8,
+        dynamic_batch_size=False,
+        max_token_len_per_gpu=None,
+        log_prob_max_token_len_per_gpu=None,
+        param_offload=False,
+        optimizer_offload=False,
+    )
+
+
+def _emitted(settings: Settings, version: str) -> Emitted:
+    return Emitted(
+        settings=settings,
+        version=version,
+        model_path="Qwen/Qwen2.5-7B-Instruct",
+        adv_estimator="grpo",
+        train_files=None,
+        val_files=None,
+        max_prompt_length=512,
+        max_response_length=512,
+        max_model_len=1024,
+        max_num_batched_tokens=8192,
+        critic=False,
+    )
+
+
+# -- one row is enough ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("key", ["trainer.dummy_knob", "trainer.old_dummy_knob"])
+def test_a_new_row_is_read_from_either_spelling(key: str) -> None:
+    parsed, violations, _ = parse_overrides([f"{key}=7", "trainer.total_epochs=3"])
+    pins, passthrough, vs = read_owned(parsed, WITH_DUMMY.input_keys())
+    assert violations == vs == []
+    assert Reader(pins, {}, WITH_DUMMY).get_int("dummy_knob") == 7
+    assert [ov.key for ov in passthrough] == ["trainer.total_epochs"]  # the planner owns the new key
+    # The product's own registry does not know the key: it passes through, nothing pins it.
+    pins, passthrough, _ = read_owned(parsed, SETTINGS.input_keys())
+    assert "dummy_knob" not in pins and [ov.key for ov in passthrough] == [key, "trainer.total_epochs"]
+
+
+def test_a_new_row_bounds_a_pinned_override() -> None:
+    parsed, _, _ = parse_overrides(["trainer.dummy_knob=11"])
+    pins, _, _ = read_owned(parsed, WITH_DUMMY.input_keys())
+    reader = Reader(pins, {}, WITH_DUMMY)
+    assert reader.get_int("dummy_knob") is None
+    assert [(v.rule, v.field) for v in reader.violations] == [
+        ("out-of-range", "spec.overrides[0] (trainer.dummy_knob)")
+    ]
+    assert "1 to 10" in reader.violations[0].message
+
+
+def test_two_spellings_of_a_new_row_must_agree() -> None:
+    parsed, _, _ = parse_overrides(["trainer.dummy_knob=3", "trainer.old_dummy_knob=4"])
+    _, _, violations = read_owned(parsed, WITH_DUMMY.input_keys())
+    assert [v.rule for v in violations] == ["override-conflict"]
+
+
+@pytest.mark.parametrize(
+    ("version", "key"), [("0.6", "trainer.old_dummy_knob"), ("0.9", "trainer.dummy_knob")]
+)
+def test_a_new_row_is_emitted_in_each_release_lines_spelling(version: str, key: str) -> None:
+    planned = _emitted(_settings(DummySettings), version)
+    with_dummy = emit(planned, [], WITH_DUMMY)
+    without = emit(planned, [])
+    assert [o for o in with_dummy if o not in without] == [f"{key}=7"]
+    assert [o for o in with_dummy if o.startswith("trainer.")] == [
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=8",
+        f"{key}=7",
+    ]
+
+
+def test_a_new_row_gives_its_spec_field_bounds_and_description() -> None:
+    model: Any = create_model(
+        "DummySpec", dummy_knob=(int | None, WITH_DUMMY.field("dummy_knob", default=None))
+    )
+    schema = model.model_json_schema()["properties"]["dummy_knob"]
+    assert schema["description"] == DUMMY.description
+    assert [b for b in schema["anyOf"] if b.get("type") == "integer"] == [
+        {"type": "integer", "minimum": 1, "maximum": 10}
+    ]
+    with pytest.raises(ValidationError):
+        model(dummy_knob=11)
+    assert spec_value(model(dummy_knob=3), "dummy_knob") == 3
+    assert WITH_DUMMY.spec_paths()["dummy_knob"] == "spec.dummyKnob"
+    assert WITH_DUMMY.plan_fields() == {**SETTINGS.plan_fields(), "dummy_knob": "dummy_knob"}
+
+
+# -- the product's tables are the rows' -----------------------------------------------------------------------
+def test_the_planner_tables_are_derived_from_the_rows() -> None:
+    assert SETTINGS.input_keys() == INPUT_KEYS and SETTINGS.read_keys() == READ_KEYS
+    assert SETTINGS.spec_paths() == SPEC_PATHS
+    assert not set(INPUT_KEYS) & set(READ_KEYS)
+
+
+def _crd_node(path: str) -> dict[str, Any]:
+    node: dict[str, Any] = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][
+        "spec"
+    ]
+    for part in path.split("."):
+        node = node["properties"][part]
+    return node
+
+
+@pytest.mark.parametrize("row", [r for r in SETTINGS if r.spec is not None], ids=lambda r: r.name)
+def test_the_crd_field_of_a_setting_has_the_rows_bounds(row: SettingRow) -> None:
+    node = _crd_node(str(row.spec))
+    # model.path is ModelSpec's, shared with the critic: its description is the model's, not the setting's.
+    if row.spec not in ("model.path", "critic.model.path"):
+        assert node["description"].startswith(row.description)  # crdgen may add "Default: ..."
+    if row.bounds is None:
+        assert "minimum" not in node and "maximum" not in node
+    else:
+        assert (node["minimum"], node["maximum"]) == (row.bounds.low, row.bounds.high)
+        assert node.get("exclusiveMinimum", False) is row.bounds.low_exclusive
+
+
+def test_the_release_lines_are_the_apis() -> None:
+    from verl_operator.api import settings_registry
+
+    assert settings_registry.LINES == SUPPORTED_VERL_VERSIONS
+
+
+@pytest.mark.parametrize("version", ["0.6", "0.9"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_settings_plan_field_holds_the_value_its_keys_are_emitted_with(version: str, dynamic: bool) -> None:
+    spec = make_spec(8, verl={"image": "x", "version": version}, batching={"dynamicBatchSize": dynamic})
+    result = plan_job(spec, make_nodes(1))
+    assert result.plan is not None, result.violations
+    plan = result.plan.model_dump(mode="json", by_alias=True)
+    emitted = dict(o.split("=", 1) for o in result.plan.overrides)
+    checked = 0
+    for row in SETTINGS:
+        if row.plan is None or not row.emitted(version):
+            continue
+        value: Any = plan
+        for part in row.plan.split("."):
+            value = value[part]
+        if value is None:  # the other batching mode's setting
+            continue
+        assert {emitted[k] for k in row.emitted(version)} == {format_value(value)}, row.name
+        checked += 1
+    assert checked >= 12
+
+
+# -- a registry that contradicts itself is refused -------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        (SettingRow("other", "int", "x", keys=("data.train_batch_size",)), "belongs to"),
+        (SettingRow("train_batch_size", "int", "x"), "registered twice"),
+        (SettingRow("lost", "int", "x", emits=("trainer.lost",)), "no owned row reads"),
+        (SettingRow("late", "int", "x", keys=("a.b",), emits_by_line={"0.7": ("a.b",)}), "no release line"),
+        (SettingRow("upside", "int", "x", keys=("a.c",), bounds=Bounds(5, 1)), "not in order"),
+    ],
+)
+def test_an_inconsistent_row_is_refused(row: SettingRow, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Registry([*SETTINGS.rows, row])
+
+
+def test_every_integer_setting_but_one_has_bounds() -> None:
+    """An unbounded integer gets ``limits.DEFAULT_INT_BOUNDS``; only the critic's mini-batch size (which the
+    planner reads for no arithmetic) has no bounds of its own."""
+    unbounded = {r.name for r in SETTINGS if r.kind == "int" and r.bounds is None}
+    assert unbounded == {"critic_ppo_mini_batch_size"}

@@ -1,0 +1,1 @@
+"""Subcommands of the ``verl-operator-dev`` CLI (see ``verl_devtools.cli``)."""

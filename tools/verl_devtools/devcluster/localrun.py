@@ -1,0 +1,200 @@
+"""Run ``verl-operator run`` as a local subprocess next to a devcluster (for ``make demo`` and the cluster tests).
+
+The process listens on 127.0.0.1 only: health, metrics and a webhook server with a self-signed
+certificate; it manages its own ValidatingWebhookConfiguration, which :meth:`LocalOperator.stop` deletes
+(its failure policy is Fail, so a leftover one would block VerlJob writes once the process is gone).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from verl_devtools.devcluster import process
+from verl_devtools.devcluster.health import http_get, http_status
+from verl_devtools.devcluster.ports import pick_free_ports
+
+
+class LocalOperatorError(RuntimeError):
+    """The operator process did not start or died; the message has the tail of its log."""
+
+
+class LocalOperator:
+    """One ``verl-operator run`` subprocess against a kubeconfig.
+
+    Args:
+        kubeconfig: The cluster's kubeconfig.
+        workdir: Directory for the log and the generated certificate.
+        webhook_name: Name of the ValidatingWebhookConfiguration to manage (a domain with three or more
+            segments); None runs without admission.
+        namespaces: Namespace patterns to watch (empty: cluster-wide).
+        env: Extra environment variables of the process.
+        resync_seconds: ``--resync-seconds``; None: the operator's default (minutes: changes, freed capacity
+            and scheduled TTL/deadline wake-ups drive every reconcile).
+    """
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        workdir: Path,
+        webhook_name: str | None = "local.verl-operator.io",
+        namespaces: tuple[str, ...] = (),
+        env: Mapping[str, str] | None = None,
+        resync_seconds: float | None = None,
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.workdir = workdir
+        self.webhook_name = webhook_name
+        self.namespaces = namespaces
+        self.env = dict(env or {})
+        self.resync_seconds = resync_seconds
+        ports = pick_free_ports(("health", "metrics", "webhook"))
+        self.health_port, self.metrics_port, self.webhook_port = (
+            ports["health"],
+            ports["metrics"],
+            ports["webhook"],
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        """The process's combined stdout/stderr."""
+        return self.workdir / "operator.log"
+
+    @property
+    def ca_path(self) -> Path:
+        """The webhook's self-signed certificate (its own CA)."""
+        return self.workdir / "webhook" / "tls.crt"
+
+    def argv(self) -> list[str]:
+        """The command line (argv list, never a shell string)."""
+        argv = [
+            sys.executable,
+            "-m",
+            "verl_operator",
+            "run",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--workdir={self.workdir}",
+            f"--health-port={self.health_port}",
+            f"--metrics-port={self.metrics_port}",
+        ]
+        if self.resync_seconds is not None:
+            argv.append(f"--resync-seconds={self.resync_seconds}")
+        if self.webhook_name:
+            argv += [f"--webhook-port={self.webhook_port}", f"--webhook-managed={self.webhook_name}"]
+        argv += [f"--namespace={ns}" for ns in self.namespaces]
+        return argv
+
+    def start(self, timeout: float = 60.0) -> LocalOperator:
+        """Start the process and wait until its health endpoint answers."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.argv(), stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise LocalOperatorError(
+                    f"the operator exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            if self.healthy():
+                return self
+            time.sleep(0.2)
+        raise LocalOperatorError(f"the operator did not become healthy in {timeout}s:\n{self.log_tail()}")
+
+    def healthy(self) -> bool:
+        """True when ``/healthz`` answers 200."""
+        return http_status(f"http://127.0.0.1:{self.health_port}", "/healthz", timeout=1) == 200
+
+    def metrics(self) -> str:
+        """The Prometheus exposition text.
+
+        Raises:
+            LocalOperatorError: The metrics endpoint does not answer 200.
+        """
+        answer = http_get(f"http://127.0.0.1:{self.metrics_port}", "/metrics")
+        if answer is None or answer[0] != 200:
+            raise LocalOperatorError(f"/metrics on port {self.metrics_port} answered {answer and answer[0]}")
+        return answer[1].decode()
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the log."""
+        return process.log_tail(self.log_path, lines)
+
+    def kill(self) -> None:
+        """SIGKILL (a crash: no cleanup runs)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self, delete_webhook: bool = True) -> None:
+        """SIGTERM, wait, then SIGKILL if needed; delete the managed webhook configuration."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if delete_webhook and self.webhook_name:
+            self.delete_webhook_configuration()
+
+    def delete_webhook_configuration(self) -> None:
+        """Delete the ValidatingWebhookConfiguration this process managed (gone already is fine)."""
+        from kubernetes import client, config
+        from kubernetes.client.exceptions import ApiException
+
+        if not self.webhook_name:
+            return
+        api = config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
+        with api:
+            for kind in ("validating", "mutating"):
+                try:
+                    adm = client.AdmissionregistrationV1Api(api)
+                    if kind == "validating":
+                        adm.delete_validating_webhook_configuration(self.webhook_name)
+                    else:
+                        adm.delete_mutating_webhook_configuration(self.webhook_name)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+
+
+def install_crd(kubeconfig: Path, timeout: float = 30.0) -> None:
+    """Create or update the generated VerlJob CRD and wait until it is Established."""
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+
+    from verl_operator.crdgen import build_crd
+
+    crd: Any = build_crd()
+    name = crd["metadata"]["name"]
+    api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    with api:
+        ext = client.ApiextensionsV1Api(api)
+        try:
+            current: Any = ext.read_custom_resource_definition(name)
+            crd["metadata"]["resourceVersion"] = current.metadata.resource_version
+            ext.replace_custom_resource_definition(name, crd)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            ext.create_custom_resource_definition(crd)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = ext.read_custom_resource_definition(name).status
+            conds = (status.conditions if status else None) or []
+            if any(c.type == "Established" and c.status == "True" for c in conds):
+                return
+            time.sleep(0.2)
+    raise LocalOperatorError(f"CRD {name} not Established after {timeout}s")
