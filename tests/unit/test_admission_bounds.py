@@ -25,7 +25,7 @@ from verl_operator.api.spec import VerlJobSpec
 from verl_operator.controller.webhook import admission_problems
 from verl_operator.controller.webhook_server import too_deep_review
 from verl_operator.crdgen import build_crd
-from verl_operator.planner import plan_job, rules
+from verl_operator.planner import arith, plan_job
 from verl_operator.planner.budget import Budget
 from verl_operator.planner.inputs import Fixed
 from verl_operator.planner.overrides import OverrideError, parse_value
@@ -342,7 +342,7 @@ def test_too_deep_review_denies_with_the_request_uid() -> None:
 
 @given(st.integers(min_value=1, max_value=20000))
 def test_divisors_match_trial_division(n: int) -> None:
-    assert rules.divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+    assert arith.divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
 
 
 @pytest.mark.parametrize(
@@ -355,18 +355,18 @@ def test_divisors_match_trial_division(n: int) -> None:
     ],
 )
 def test_prime_factors_of_large_numbers(n: int, factors: dict[int, int]) -> None:
-    assert rules.prime_factors(n) == factors
+    assert arith.prime_factors(n) == factors
     assert math.prod(p**e for p, e in factors.items()) == n
 
 
 @given(st.integers(min_value=1, max_value=3000), st.integers(min_value=1, max_value=300))
 def test_nearest_multiple_matches_the_linear_scan(value: int, unit: int) -> None:
-    assert rules.nearest_multiple(value, unit) == rules.nearest(value, lambda v: v % unit == 0, 10_000)
+    assert arith.nearest_multiple(value, unit) == arith.nearest(value, lambda v: v % unit == 0, 10_000)
 
 
 @given(st.integers(min_value=1, max_value=400), st.integers(min_value=1, max_value=2000))
 def test_nearest_divisor_matches_the_linear_scan(value: int, n: int) -> None:
-    assert rules.nearest_divisor(value, n) == rules.nearest(value, lambda v: n % v == 0, 10_000)
+    assert arith.nearest_divisor(value, n) == arith.nearest(value, lambda v: n % v == 0, 10_000)
 
 
 @given(
@@ -376,7 +376,7 @@ def test_nearest_divisor_matches_the_linear_scan(value: int, n: int) -> None:
 )
 def test_mini_batch_fallback_matches_the_linear_search(tb: int, n: int, dp: int) -> None:
     target = max(1, tb // 4)
-    divs = [m for m in rules.divisors(tb) if (m * n) % dp == 0 and m * n >= dp]
+    divs = [m for m in arith.divisors(tb) if (m * n) % dp == 0 and m * n >= dp]
     linear = [m for m in range(1, tb + 1) if (m * n) % dp == 0 and m * n >= dp]
     valid = divs or linear
     expected = [min(valid, key=lambda m: (abs(m - target), -m))] if valid else [target]

@@ -175,7 +175,7 @@ def test_unreachable_kubeconfig_exits_2(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_result_round_trips_through_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from verl_operator.planner import PlanResult
+    from verl_operator.api.plan import PlanResult
 
     run_plan(["-f", job(tmp_path, resources={"gpus": 8}), "--nodes", node_list(tmp_path), "-o", "json"])
     data = json.loads(capsys.readouterr().out)

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from verl_operator.api.plan import Violation
 from verl_operator.planner.dialect import INPUT_KEYS, READ_KEYS, format_value
 from verl_operator.planner.overrides import (
     Override,
@@ -18,7 +19,6 @@ from verl_operator.planner.overrides import (
     parse_overrides,
     read_owned,
 )
-from verl_operator.planner.result import Violation
 
 
 @pytest.mark.parametrize(

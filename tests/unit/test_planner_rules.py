@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from conftest import make_problem, make_settings
 
-from verl_operator.planner import rules
+from verl_operator.api.plan import Violation
+from verl_operator.planner import arith, rules, rules_critic, rules_rollout
 from verl_operator.planner.inputs import Problem, Settings
 from verl_operator.planner.mesh import Mesh
-from verl_operator.planner.result import Violation
 
 problem = make_problem
 settings = make_settings
@@ -86,80 +86,86 @@ CASES = [
     pytest.param(rules.sp_heads, {}, {"sequence_parallel_size": 8}, "sp-heads", id="sp-8-vs-28-heads"),
     pytest.param(rules.fsdp_size_valid, {}, {"fsdp_size": 4}, None, id="fsdp-4-of-8"),
     pytest.param(rules.fsdp_size_valid, {}, {"fsdp_size": 3}, "fsdp-size", id="fsdp-3-of-8"),
-    pytest.param(rules.rollout_tp_divides_world, {}, {"rollout_tp": 4}, None, id="tp-world-ok"),
+    pytest.param(rules_rollout.rollout_tp_divides_world, {}, {"rollout_tp": 4}, None, id="tp-world-ok"),
     pytest.param(
-        rules.rollout_tp_divides_world,
+        rules_rollout.rollout_tp_divides_world,
         {},
         {"world": 6, "rollout_tp": 4},
         "rollout-tp-divides-world",
         id="tp-4-on-6",
     ),
-    pytest.param(rules.rollout_tp_heads, {}, {"rollout_tp": 4}, None, id="tp-heads-ok"),
-    pytest.param(rules.rollout_tp_heads, {}, {"rollout_tp": 8}, "rollout-tp-heads", id="tp-8-vs-28-heads"),
+    pytest.param(rules_rollout.rollout_tp_heads, {}, {"rollout_tp": 4}, None, id="tp-heads-ok"),
     pytest.param(
-        rules.rollout_replica_node,
+        rules_rollout.rollout_tp_heads, {}, {"rollout_tp": 8}, "rollout-tp-heads", id="tp-8-vs-28-heads"
+    ),
+    pytest.param(
+        rules_rollout.rollout_replica_node,
         {},
         {"world": 16, "nnodes": 2, "rollout_tp": 16},
         None,
         id="replica-2-nodes",
     ),
     pytest.param(
-        rules.rollout_replica_node,
+        rules_rollout.rollout_replica_node,
         {},
         {"world": 12, "nnodes": 2, "gpus_per_node": 6, "rollout_tp": 4},
         "rollout-replica-node",
         id="replica-straddles",
     ),
     pytest.param(
-        rules.batched_tokens_cover_model_len,
+        rules_rollout.batched_tokens_cover_model_len,
         {"version": "0.6", "max_num_batched_tokens": 8192},
         {},
         None,
         id="batched-tokens-ok",
     ),
     pytest.param(
-        rules.batched_tokens_cover_model_len,
+        rules_rollout.batched_tokens_cover_model_len,
         {"version": "0.6", "max_num_batched_tokens": 8192, "max_response_length": 16384},
         {},
         "batched-tokens-model-len",
         id="batched-tokens-below-model-len-0.6",
     ),
     pytest.param(
-        rules.batched_tokens_cover_model_len,
+        rules_rollout.batched_tokens_cover_model_len,
         {"version": "0.9", "max_num_batched_tokens": 8192, "max_response_length": 16384},
         {},
         None,
         id="batched-tokens-0.9-chunks",
     ),
     pytest.param(
-        rules.rollout_expert_parallel, {"rollout_ep": 4}, {"rollout_tp": 4}, None, id="ep-equals-tp"
+        rules_rollout.rollout_expert_parallel, {"rollout_ep": 4}, {"rollout_tp": 4}, None, id="ep-equals-tp"
     ),
     pytest.param(
-        rules.rollout_expert_parallel,
+        rules_rollout.rollout_expert_parallel,
         {"rollout_ep": 8},
         {"rollout_tp": 4},
         "rollout-expert-parallel",
         id="ep-not-tp",
     ),
     pytest.param(
-        rules.nvlink_groups,
+        rules_rollout.nvlink_groups,
         {"nvlink_required": True, "nvlink_domain": 8},
         {"rollout_tp": 4},
         None,
         id="nvlink-ok",
     ),
     pytest.param(
-        rules.nvlink_groups,
+        rules_rollout.nvlink_groups,
         {"nvlink_required": True, "nvlink_domain": 1},
         {"rollout_tp": 2},
         "nvlink-domain",
         id="nvlink-pcie",
     ),
-    pytest.param(rules.nvlink_groups, {"nvlink_domain": 1}, {"rollout_tp": 2}, None, id="nvlink-preferred"),
-    pytest.param(rules.max_model_len, {}, {}, None, id="max-len-ok"),
-    pytest.param(rules.max_model_len, {"max_response_length": 40000}, {}, "max-model-len", id="max-len-over"),
     pytest.param(
-        rules.max_model_len,
+        rules_rollout.nvlink_groups, {"nvlink_domain": 1}, {"rollout_tp": 2}, None, id="nvlink-preferred"
+    ),
+    pytest.param(rules_rollout.max_model_len, {}, {}, None, id="max-len-ok"),
+    pytest.param(
+        rules_rollout.max_model_len, {"max_response_length": 40000}, {}, "max-model-len", id="max-len-over"
+    ),
+    pytest.param(
+        rules_rollout.max_model_len,
         {"max_response_length": 40000, "max_position_embeddings": 65536},
         {},
         None,
@@ -203,23 +209,23 @@ CASES = [
         None,
         id="lp-micro-0.6-splits-unevenly",
     ),
-    pytest.param(rules.critic_mesh, {"needs_critic": True}, {}, None, id="critic-mesh-ok"),
+    pytest.param(rules_critic.critic_mesh, {"needs_critic": True}, {}, None, id="critic-mesh-ok"),
     pytest.param(
-        rules.critic_mesh,
+        rules_critic.critic_mesh,
         {"needs_critic": True, "critic_sequence_parallel_size": 3},
         {},
         "critic-sp",
         id="critic-sp-3-on-8",
     ),
     pytest.param(
-        rules.critic_mesh,
+        rules_critic.critic_mesh,
         {"needs_critic": True},
         {"world": 6, "train_batch_size": 60, "ppo_mini_batch_size": 10, "rollout_n": 1},
         "mini-batch-per-gpu",
         id="critic-mini-10-on-6",
     ),
     pytest.param(
-        rules.critic_micro_divides_mini,
+        rules_critic.critic_micro_divides_mini,
         {"needs_critic": True},
         # actor per-GPU mini 1280 / 4 = 320 takes 64; the critic's 1280 / 8 = 160 does not
         {"sequence_parallel_size": 2, "critic_ppo_micro_batch_size_per_gpu": 64},
@@ -227,14 +233,14 @@ CASES = [
         id="critic-micro-uses-its-own-dp",
     ),
     pytest.param(
-        rules.critic_micro_divides_mini,
+        rules_critic.critic_micro_divides_mini,
         {"needs_critic": True},
         {"critic_ppo_micro_batch_size_per_gpu": 32},
         None,
         id="critic-micro-ok",
     ),
     pytest.param(
-        rules.critic_micro_divides_mini,
+        rules_critic.critic_micro_divides_mini,
         {"needs_critic": True},
         {"critic_ppo_micro_batch_size_per_gpu": 48},
         "micro-divides-mini",
@@ -318,11 +324,13 @@ def test_micro_suggestions_are_divisors() -> None:
     ],
 )
 def test_nearest(value: int, ok: Any, expected: list[int]) -> None:
-    assert rules.nearest(value, ok) == expected
+    assert arith.nearest(value, ok) == expected
 
 
 def test_nvlink_suggestion_is_the_largest_group_that_fits() -> None:
-    [v] = apply(rules.nvlink_groups, problem(nvlink_required=True, nvlink_domain=4), settings(rollout_tp=8))
+    [v] = apply(
+        rules_rollout.nvlink_groups, problem(nvlink_required=True, nvlink_domain=4), settings(rollout_tp=8)
+    )
     assert v.suggestions[0] == "use rollout tensorParallelSize 4"
     assert "NVLink domain of 4 GPUs" in v.message
 

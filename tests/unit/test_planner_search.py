@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from conftest import make_node, make_nodes, make_spec
 
-from verl_operator.planner import PlanResult, plan_job
+from verl_operator.api.plan import PlanResult
+from verl_operator.planner import plan_job
 
 
 def feasible(result: PlanResult) -> Any:

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import AliasChoices, Field
+
+from verl_operator.api.base import ApiModel
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
-
-
-class Violation(_Frozen):
+class Violation(ApiModel):
     """One reason a job cannot run as specified.
 
     Attributes:
@@ -39,7 +36,7 @@ class Violation(_Frozen):
         return f"{text} (suggestions: {'; '.join(self.suggestions)})" if self.suggestions else text
 
 
-class RolloutPlan(_Frozen):
+class RolloutPlan(ApiModel):
     """The vLLM rollout layout."""
 
     mode: str = Field(description="Rollout mode in the verl dialect (sync = SPMD, async = server).")
@@ -55,7 +52,7 @@ class RolloutPlan(_Frozen):
     kv_cache_tokens_per_replica: int = Field(description="Tokens the KV cache of one replica holds.")
 
 
-class BatchingPlan(_Frozen):
+class BatchingPlan(ApiModel):
     """Batch sizes and the derived per-GPU numbers."""
 
     train_batch_size: int = Field(description="Prompts per step (data.train_batch_size).")
@@ -85,7 +82,7 @@ class BatchingPlan(_Frozen):
     mini_batches_per_step: int = Field(description="PPO mini-batches per step.")
 
 
-class MemoryPhase(_Frozen):
+class MemoryPhase(ApiModel):
     """One phase's per-GPU estimate: its parts in GiB and the peak (safety factor applied to estimated parts)."""
 
     peak_gib: float = Field(
@@ -100,7 +97,7 @@ class MemoryPhase(_Frozen):
     )
 
 
-class MemoryPlan(_Frozen):
+class MemoryPlan(ApiModel):
     """Per-GPU memory estimate of the three phases against the GPU's memory."""
 
     gpu_memory_gib: float = Field(
@@ -136,14 +133,14 @@ class MemoryPlan(_Frozen):
     log_prob: MemoryPhase = Field(description="The log-prob phase.")
 
 
-class PaddingPlan(_Frozen):
+class PaddingPlan(ApiModel):
     """Zero-weight samples the trainer adds per step (verl >= 0.7 pads instead of failing)."""
 
     padded_trajectories: int = Field(description="Zero-weight trajectories added per step.")
     waste_fraction: float = Field(description="Share of the padded batch that is padding.")
 
 
-class NodePoolPlan(_Frozen):
+class NodePoolPlan(ApiModel):
     """The node group the plan is for."""
 
     gpu_product: str = Field(description="nvidia.com/gpu.product of the pool.")
@@ -153,7 +150,7 @@ class NodePoolPlan(_Frozen):
     excluded: dict[str, str] = Field(description="Excluded nodes and why.")
 
 
-class Plan(_Frozen):
+class Plan(ApiModel):
     """A complete, valid layout of the job on the cluster's GPUs."""
 
     verl_version: str = Field(description="verl release line the plan is written for.")
@@ -192,7 +189,7 @@ class Plan(_Frozen):
     overrides: list[str] = Field(description="The full verl override list.")
 
 
-class PlanResult(_Frozen):
+class PlanResult(ApiModel):
     """The planner's answer: a plan, or the violations that say what to change.
 
     ``feasible`` is true exactly when there are no violations and a plan is present.

@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from verl_operator.api import limits as L
+from verl_operator.api.base import ApiModel
 from verl_operator.api.quantity import Bounds, QuantityError, bounded_quantity
 from verl_operator.api.settings_registry import SETTINGS
 
@@ -81,20 +82,6 @@ MemoryQuantity = Annotated[
 ]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        frozen=True,
-        extra="forbid",
-        alias_generator=to_camel,
-        populate_by_name=True,
-        use_enum_values=False,
-    )
-
-    def to_wire(self) -> dict[str, Any]:
-        """The camelCase dict as it appears in YAML, without unset (None) fields."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
 class Algorithm(StrEnum):
     """The RL algorithm (verl ``algorithm.adv_estimator``). ``ppo`` (GAE) brings a critic model."""
 
@@ -110,7 +97,7 @@ class Algorithm(StrEnum):
         return self is Algorithm.PPO
 
 
-class VerlSpec(_Model):
+class VerlSpec(ApiModel):
     image: str = Field(
         min_length=1,
         max_length=L.MAX_IMAGE,
@@ -140,7 +127,7 @@ class VerlSpec(_Model):
     )
 
 
-class ModelShape(_Model):
+class ModelShape(ApiModel):
     """Architecture numbers of the model (from its HF ``config.json``)."""
 
     model_type: str | None = Field(
@@ -195,7 +182,7 @@ class ModelShape(_Model):
         return self.head_dim if self.head_dim is not None else self.hidden_size // self.attention_heads
 
 
-class ModelSpec(_Model):
+class ModelSpec(ApiModel):
     path: str = Field(
         min_length=1,
         max_length=L.MAX_PATH,
@@ -214,7 +201,7 @@ class ModelSpec(_Model):
     )
 
 
-class CriticSpec(_Model):
+class CriticSpec(ApiModel):
     model: ModelSpec | None = Field(
         default=None,
         description=(
@@ -224,7 +211,7 @@ class CriticSpec(_Model):
     )
 
 
-class DataSpec(_Model):
+class DataSpec(ApiModel):
     train_files: list[DataPath] = SETTINGS.field("train_files", default_factory=list, max_length=L.MAX_FILES)
     val_files: list[DataPath] = SETTINGS.field("val_files", default_factory=list, max_length=L.MAX_FILES)
     train_batch_size: int | None = SETTINGS.field("train_batch_size", default=None)
@@ -250,7 +237,7 @@ class DataSpec(_Model):
     )
 
 
-class ResourcesSpec(_Model):
+class ResourcesSpec(ApiModel):
     gpus: int = Field(
         ge=1, le=L.MAX_GPUS, description="Total GPUs for the job (trainer.nnodes x trainer.n_gpus_per_node)."
     )
@@ -293,7 +280,7 @@ class ResourcesSpec(_Model):
     )
 
 
-class RolloutSpec(_Model):
+class RolloutSpec(ApiModel):
     name: Literal["vllm"] = Field(
         default="vllm", description="Rollout engine (actor_rollout_ref.rollout.name)."
     )
@@ -306,12 +293,12 @@ class RolloutSpec(_Model):
     gpu_memory_utilization: float | None = SETTINGS.field("gpu_memory_utilization", default=None)
 
 
-class ParallelismSpec(_Model):
+class ParallelismSpec(ApiModel):
     sequence_parallel_size: int | None = SETTINGS.field("sequence_parallel_size", default=None)
     fsdp_size: int | None = SETTINGS.field("fsdp_size", default=None)
 
 
-class BatchingSpec(_Model):
+class BatchingSpec(ApiModel):
     ppo_mini_batch_size: int | None = SETTINGS.field("ppo_mini_batch_size", default=None)
     ppo_micro_batch_size_per_gpu: int | None = SETTINGS.field("ppo_micro_batch_size_per_gpu", default=None)
     log_prob_micro_batch_size_per_gpu: int | None = SETTINGS.field(
@@ -321,12 +308,12 @@ class BatchingSpec(_Model):
     max_token_len_per_gpu: int | None = SETTINGS.field("max_token_len_per_gpu", default=None)
 
 
-class OffloadSpec(_Model):
+class OffloadSpec(ApiModel):
     params: bool | None = SETTINGS.field("param_offload", default=None)
     optimizer: bool | None = SETTINGS.field("optimizer_offload", default=None)
 
 
-class PlacementSpec(_Model):
+class PlacementSpec(ApiModel):
     nvlink: Literal["required", "preferred"] = Field(
         default="preferred",
         description="required: rollout TP and sequence-parallel groups must sit inside one NVLink domain.",
@@ -341,7 +328,7 @@ class PlacementSpec(_Model):
     )
 
 
-class SchedulingSpec(_Model):
+class SchedulingSpec(ApiModel):
     queue_name: str | None = Field(
         default=None,
         max_length=L.MAX_LABEL_VALUE,
@@ -367,7 +354,7 @@ class SchedulingSpec(_Model):
         return "volcano" if self.scheduler == "volcano" else "builtin"
 
 
-class CheckpointSpec(_Model):
+class CheckpointSpec(ApiModel):
     dir: str | None = Field(
         default=None,
         max_length=L.MAX_PATH,
@@ -467,7 +454,7 @@ class ContainerSecurityContext(_CommonSecurityContext):
     proc_mount: SecurityStr | None = Field(default=None, description="Default or Unmasked.")
 
 
-class EnvVar(_Model):
+class EnvVar(ApiModel):
     """core/v1 EnvVar: a name and either a value or a valueFrom source."""
 
     name: StrictStr = Field(min_length=1, max_length=L.MAX_NAME, description="The variable's name.")
@@ -479,7 +466,7 @@ class EnvVar(_Model):
     )
 
 
-class SecuritySpec(_Model):
+class SecuritySpec(ApiModel):
     """How the Ray pods run. The defaults pass Pod Security ``restricted`` except ``runAsNonRoot``, which
     depends on the image's user: set ``podSecurityContext.runAsNonRoot: true`` (and ``runAsUser``) for an
     image that runs as a non-root user."""
@@ -513,7 +500,7 @@ class SecuritySpec(_Model):
     )
 
 
-class VerlJobSpec(_Model):
+class VerlJobSpec(ApiModel):
     verl: VerlSpec = Field(description="The verl image and release line.")
     model: ModelSpec = Field(description="The policy model.")
     algorithm: Algorithm = SETTINGS.field("adv_estimator", default=Algorithm.GRPO)
@@ -574,7 +561,7 @@ class VerlJobSpec(_Model):
     )
 
 
-class VerlJob(_Model):
+class VerlJob(ApiModel):
     """A whole VerlJob object as read from YAML or the API server (status is ignored by the planner)."""
 
     api_version: Literal["verl-operator.io/v1alpha1"] = Field(

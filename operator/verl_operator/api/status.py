@@ -14,8 +14,8 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.config import JsonDict
 
+from verl_operator.api.base import ApiModel
 from verl_operator.api.plan import Plan, Violation
-from verl_operator.api.spec import _Model
 
 Phase = Literal["Invalid", "Pending", "Starting", "Running", "Succeeded", "Failed", "Suspended"]
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -33,7 +33,7 @@ ACTIVE_PHASES: frozenset[str] = frozenset({"Starting", "Running"})
 _TIME: JsonDict = {"format": "date-time"}
 
 
-class Condition(_Model):
+class Condition(ApiModel):
     """One condition in the ``metav1.Condition`` shape."""
 
     type: str = Field(description="Condition type.")
@@ -48,14 +48,14 @@ class Condition(_Model):
     message: str = Field(default="", description="Human readable detail.")
 
 
-class ExcludedNode(_Model):
+class ExcludedNode(ApiModel):
     """A node that could not take a pod of the job, and why."""
 
     node: str = Field(description="Node name.")
     reason: str = Field(description="Why it was excluded.")
 
 
-class PlacementStatus(_Model):
+class PlacementStatus(ApiModel):
     """Where the current attempt runs: the chosen nodes, or the scheduler the placement was handed to."""
 
     attempt: int = Field(default=0, description="The attempt this placement is for.")
@@ -76,7 +76,7 @@ class PlacementStatus(_Model):
     )
 
 
-class VerlJobStatus(_Model):
+class VerlJobStatus(ApiModel):
     """Observed state of a VerlJob, written by the operator only."""
 
     phase: Phase | None = Field(default=None, description="Lifecycle phase.")

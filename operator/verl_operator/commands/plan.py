@@ -16,8 +16,9 @@ import yaml
 from pydantic import ValidationError
 
 from verl_operator.api.errors import validation_lines
+from verl_operator.api.plan import Plan, PlanResult
 from verl_operator.api.spec import VerlJob
-from verl_operator.planner import Plan, PlanResult, plan_job
+from verl_operator.planner import plan_job
 
 EXIT_FEASIBLE = 0
 EXIT_INFEASIBLE = 1

@@ -31,7 +31,7 @@ from verl_operator.api.spec import VerlJobSpec
 from verl_operator.api.status import StatusView
 from verl_operator.controller.refused import BLOCKED_REASONS
 from verl_operator.placement import NodeCapacity, PlacementRequest, place, request_from_plan
-from verl_operator.placement.search import screen_node
+from verl_operator.placement.choose import screen_node
 
 Rank = tuple[int, str, str]
 

@@ -7,8 +7,8 @@ the controller builds a snapshot (:class:`NodeCapacity` per node plus GPUs in us
 
 from __future__ import annotations
 
+from verl_operator.placement.choose import place
 from verl_operator.placement.model import NodeCapacity, Placement, PlacementRequest
 from verl_operator.placement.request import request_from_plan
-from verl_operator.placement.search import place
 
 __all__ = ["NodeCapacity", "Placement", "PlacementRequest", "place", "request_from_plan"]

@@ -8,10 +8,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from verl_operator.api.plan import Violation
 from verl_operator.api.settings_registry import SETTINGS
 from verl_operator.api.spec import ModelShape, VerlJobSpec
 from verl_operator.planner.overrides import Pinned, Value
-from verl_operator.planner.result import Violation
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from verl_operator.api.plan import PlanResult, Violation
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner.budget import Budget, PlanTooLarge, limited, spend
 from verl_operator.planner.cluster import Layout, Pool, cpu_needed, layouts, select
@@ -13,8 +14,12 @@ from verl_operator.planner.facts import NodeFacts, node_facts
 from verl_operator.planner.mesh import pod_memory
 from verl_operator.planner.report import build_result
 from verl_operator.planner.resolve import Resolved, resolve
-from verl_operator.planner.result import PlanResult, Violation, infeasible
 from verl_operator.planner.search import Failed, Found, search
+
+
+def _infeasible(violations: list[Violation], warnings: list[str] | None = None) -> PlanResult:
+    """A result without a plan."""
+    return PlanResult(feasible=False, violations=violations, warnings=list(warnings or []), plan=None)
 
 
 def plan_job(
@@ -49,7 +54,7 @@ def plan_job(
         with limited(budget):
             return _plan(spec, nodes)
     except PlanTooLarge as exc:
-        return infeasible([too_large(spec, exc)])
+        return _infeasible([too_large(spec, exc)])
 
 
 def too_large(spec: VerlJobSpec, exc: PlanTooLarge) -> Violation:
@@ -71,9 +76,9 @@ def too_large(spec: VerlJobSpec, exc: PlanTooLarge) -> Violation:
 def _plan(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any] | NodeFacts]) -> PlanResult:
     resolved = resolve(spec)
     if isinstance(resolved, list):
-        return infeasible(resolved)
+        return _infeasible(resolved)
     if spec.model.dtype == "float16" and spec.verl.version == "0.6" and resolved.problem.needs_critic:
-        return infeasible([_fp16_critic_06()])
+        return _infeasible([_fp16_critic_06()])
     result = _plan_resolved(spec, resolved, nodes)
     if not resolved.warnings:
         return result
@@ -90,7 +95,7 @@ def _plan_resolved(
     facts = [n if isinstance(n, NodeFacts) else node_facts(n) for n in nodes]
     pools, excluded = select(facts, spec)
     if not pools:
-        return infeasible(
+        return _infeasible(
             [
                 Violation(
                     field="spec.resources",
@@ -130,12 +135,12 @@ def _plan_resolved(
             if nearest is None or outcome.depth >= nearest.depth:
                 nearest = outcome
     if not any_layout:
-        return infeasible([capacity_violation(spec, pools, gpn_val)])
-    return infeasible(nearest.violations if nearest is not None else [])
+        return _infeasible([capacity_violation(spec, pools, gpn_val)])
+    return _infeasible(nearest.violations if nearest is not None else [])
 
 
 def _domain_fit(pool: Pool, layout: Layout) -> tuple[int, int]:
-    """``Problem.partial_domain_nodes`` and ``whole_node_fits`` of a layout (see ``rules.nvlink_groups``)."""
+    """``Problem.partial_domain_nodes`` and ``whole_node_fits`` of a layout (see ``rules_rollout.nvlink_groups``)."""
     chosen = set(layout.candidates)
     partial = [n for n in pool.nodes if n.name in chosen and n.nvlink_domain_size < n.gpus]
     return len(partial), sum(n.gpus == layout.gpus_per_node for n in partial)

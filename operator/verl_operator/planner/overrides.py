@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from verl_operator.planner.result import Violation
+from verl_operator.api.plan import Violation
 
 Scalar = str | int | float | bool | None
 Value = Scalar | list["Value"] | dict[str, "Value"]

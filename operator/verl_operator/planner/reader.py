@@ -7,9 +7,9 @@ import math
 from collections.abc import Mapping
 
 from verl_operator.api.limits import DEFAULT_INT_BOUNDS
+from verl_operator.api.plan import Violation
 from verl_operator.api.settings_registry import SETTINGS, Registry
 from verl_operator.planner.overrides import Pinned
-from verl_operator.planner.result import Violation
 
 
 class Reader:

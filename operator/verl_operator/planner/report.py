@@ -5,13 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from verl_operator.planner import dialect
-from verl_operator.planner.cluster import Layout, Pool
-from verl_operator.planner.inputs import Problem, Settings
-from verl_operator.planner.memory import GIB, SAFETY_FACTOR, Estimate, Phase
-from verl_operator.planner.mesh import Mesh
-from verl_operator.planner.overrides import Override
-from verl_operator.planner.result import (
+from verl_operator.api.plan import (
     BatchingPlan,
     MemoryPhase,
     MemoryPlan,
@@ -21,6 +15,12 @@ from verl_operator.planner.result import (
     PlanResult,
     RolloutPlan,
 )
+from verl_operator.planner import dialect
+from verl_operator.planner.cluster import Layout, Pool
+from verl_operator.planner.inputs import Problem, Settings
+from verl_operator.planner.memory import GIB, SAFETY_FACTOR, Estimate, Phase
+from verl_operator.planner.mesh import Mesh
+from verl_operator.planner.overrides import Override
 from verl_operator.planner.search import Found
 
 _SHELL_VAR = re.compile(r"\$(?!\{)[A-Za-z_][A-Za-z0-9_]*")

@@ -7,13 +7,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from verl_operator.api.plan import Violation
 from verl_operator.api.settings_registry import SETTINGS
 from verl_operator.api.spec import ModelShape, VerlJobSpec
 from verl_operator.planner import catalog, dialect, verl_keys
 from verl_operator.planner.inputs import Fixed, Problem, merge_pins
 from verl_operator.planner.overrides import Override, Pinned, parse_overrides, read_owned
 from verl_operator.planner.reader import Reader as _Reader
-from verl_operator.planner.result import Violation
 
 #: Estimators that sample a group of responses per prompt; an unpinned rollout.n is 5 for them, else 1.
 GROUP_ESTIMATORS = frozenset(

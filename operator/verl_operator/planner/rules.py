@@ -10,17 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from verl_operator.api.plan import Violation
 from verl_operator.planner.arith import (
-    divisors,
     nearest,
     nearest_divisor,
     nearest_multiple,
-    prime_factors,
 )
 from verl_operator.planner.arith import or_text as _or
 from verl_operator.planner.inputs import SPEC_PATHS, Problem
 from verl_operator.planner.mesh import Mesh, heads_allow_sp
-from verl_operator.planner.result import Violation
 from verl_operator.planner.rules_critic import critic_mesh, critic_micro_divides_mini
 from verl_operator.planner.rules_rollout import (
     batched_tokens_cover_model_len,
@@ -31,26 +29,6 @@ from verl_operator.planner.rules_rollout import (
     rollout_tp_divides_world,
     rollout_tp_heads,
 )
-
-__all__ = [
-    "RULES",
-    "Rule",
-    "batched_tokens_cover_model_len",
-    "check",
-    "critic_mesh",
-    "critic_micro_divides_mini",
-    "divisors",
-    "max_model_len",
-    "nearest",
-    "nearest_divisor",
-    "nearest_multiple",
-    "nvlink_groups",
-    "prime_factors",
-    "rollout_expert_parallel",
-    "rollout_replica_node",
-    "rollout_tp_divides_world",
-    "rollout_tp_heads",
-]
 
 Rule = Callable[[Problem, Mesh], list[Violation]]
 

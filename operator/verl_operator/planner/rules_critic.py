@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from verl_operator.api.plan import Violation
 from verl_operator.planner.arith import nearest_divisor, nearest_multiple
 from verl_operator.planner.arith import or_text as _or
 from verl_operator.planner.inputs import SPEC_PATHS, Problem
 from verl_operator.planner.mesh import Mesh, heads_allow_sp
-from verl_operator.planner.result import Violation
 
 
 def _field(p: Problem, name: str) -> str:

@@ -3,11 +3,11 @@ length and the SPMD rollout's token budget, expert parallelism."""
 
 from __future__ import annotations
 
+from verl_operator.api.plan import Violation
 from verl_operator.planner.arith import divisors, nearest, nearest_divisor
 from verl_operator.planner.arith import or_text as _or
 from verl_operator.planner.inputs import SPEC_PATHS, Problem
 from verl_operator.planner.mesh import Mesh, fits_nvlink_domain, heads_allow_tp, replica_fits_nodes
-from verl_operator.planner.result import Violation
 
 
 def _field(p: Problem, name: str) -> str:

@@ -21,13 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from verl_operator.planner import rules
+from verl_operator.api.plan import Violation
+from verl_operator.planner import arith, rules, rules_critic, rules_rollout
 from verl_operator.planner.budget import spend
 from verl_operator.planner.cluster import Layout
 from verl_operator.planner.inputs import Fixed, Problem, Settings
 from verl_operator.planner.memory import GIB, Estimate, estimate, max_gpu_memory_utilization
 from verl_operator.planner.mesh import Mesh
-from verl_operator.planner.result import Violation
 from verl_operator.planner.search_candidates import (
     default_train_batch,
     fsdp_candidates,
@@ -74,10 +74,10 @@ MESH_RULES: tuple[rules.Rule, ...] = (
     rules.sp_divides_world,
     rules.sp_heads,
     rules.fsdp_size_valid,
-    rules.max_model_len,
-    rules.batched_tokens_cover_model_len,
+    rules_rollout.max_model_len,
+    rules_rollout.batched_tokens_cover_model_len,
     rules.sp_remove_padding,
-    rules.critic_mesh,
+    rules_critic.critic_mesh,
 )
 
 
@@ -131,7 +131,7 @@ def _memory(p: Problem, mesh: Mesh, est: Estimate, kinds: tuple[str, ...]) -> Ca
 def _micro_options(per_gpu: int, pinned: int | None) -> list[int]:
     if pinned is not None:
         return [pinned]
-    return sorted(rules.divisors(max(per_gpu, 1)), reverse=True)
+    return sorted(arith.divisors(max(per_gpu, 1)), reverse=True)
 
 
 class _NearestMiss:
@@ -241,7 +241,7 @@ def critic_micro(mesh: Mesh, actor_micro: int) -> int:
     """The critic's micro-batch: the largest divisor of its per-GPU mini-batch whose tokens per GPU do not exceed
     the actor's (``micro x seq / SP``; the critic has its own SP, and no logits, so it then fits too)."""
     bound = mesh.critic_micro_bound(actor_micro)
-    fitting = [d for d in rules.divisors(max(mesh.critic_mini_per_gpu, 1)) if d <= bound]
+    fitting = [d for d in arith.divisors(max(mesh.critic_mini_per_gpu, 1)) if d <= bound]
     return max(fitting, default=1)
 
 
@@ -315,7 +315,11 @@ def _pinned_overrun(p: Problem, mesh: Mesh, phase: str, pinned: bool, est: Estim
 
 
 def _search_rest(p: Problem, layout: Layout, fixed: Fixed, m0: Mesh, record: Recorder) -> Found | None:
-    train_rules = (rules.micro_divides_mini, rules.critic_micro_divides_mini, rules.dynamic_token_budget)
+    train_rules = (
+        rules.micro_divides_mini,
+        rules_critic.critic_micro_divides_mini,
+        rules.dynamic_token_budget,
+    )
     dynamic = m0.settings.dynamic_batch_size
     train_pinned = (
         fixed.max_token_len_per_gpu is not None
@@ -366,11 +370,11 @@ def _search_rollout(p: Problem, layout: Layout, fixed: Fixed, m2: Mesh, record: 
             p,
             m3,
             (
-                rules.rollout_tp_divides_world,
-                rules.rollout_tp_heads,
-                rules.rollout_replica_node,
-                rules.rollout_expert_parallel,
-                rules.nvlink_groups,
+                rules_rollout.rollout_tp_divides_world,
+                rules_rollout.rollout_tp_heads,
+                rules_rollout.rollout_replica_node,
+                rules_rollout.rollout_expert_parallel,
+                rules_rollout.nvlink_groups,
             ),
         )
         if vs:

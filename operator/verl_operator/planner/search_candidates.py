@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verl_operator.planner import rules
+from verl_operator.planner import arith
 from verl_operator.planner.cluster import Layout
 from verl_operator.planner.inputs import Fixed, Problem
 from verl_operator.planner.mesh import (
@@ -32,7 +32,7 @@ def sp_candidates(p: Problem, layout: Layout, fixed: Fixed) -> list[int]:
         return [fixed.sequence_parallel_size]
     return [
         d
-        for d in rules.divisors(layout.gpus_per_node)
+        for d in arith.divisors(layout.gpus_per_node)
         if heads_allow_sp(p.shape, d)
         and (not p.nvlink_required or fits_nvlink_domain(d, layout.nvlink_domain))
     ] or [1]
@@ -68,7 +68,7 @@ def mini_candidates(tb: int, n: int, dp: int, fixed: Fixed) -> list[int]:
     def key(m: int) -> tuple[int, int]:
         return (abs(m - target), -m)
 
-    valid = [m for m in rules.divisors(tb) if divides_over(m * n, dp)]
+    valid = [m for m in arith.divisors(tb) if divides_over(m * n, dp)]
     if valid:
         return [min(valid, key=key)]
     # No divisor of the batch works: a mini-batch that leaves a partial last one (verl >= 0.7 pads it). The

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from verl_operator.api.plan import Violation
 from verl_operator.planner.budget import spend
 from verl_operator.planner.inputs import Problem
 from verl_operator.planner.memory import (
@@ -13,7 +14,6 @@ from verl_operator.planner.memory import (
     max_gpu_memory_utilization,
 )
 from verl_operator.planner.mesh import Mesh
-from verl_operator.planner.result import Violation
 from verl_operator.planner.rules_rollout import (
     nvlink_groups,
     rollout_replica_node,

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 
+from verl_operator.api.plan import Violation
 from verl_operator.planner import budget
 from verl_operator.planner.overrides import Override, Value, shorten
-from verl_operator.planner.result import Violation
 
 _FILE = "verl-config-keys.json"
 #: Unknown keys of one request that get suggestions; the others are refused with the general advice only.

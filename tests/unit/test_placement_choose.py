@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_operator.placement import NodeCapacity, PlacementRequest, place
-from verl_operator.placement.search import screen_node
+from verl_operator.placement.choose import screen_node
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 L40S = "NVIDIA-L40S"

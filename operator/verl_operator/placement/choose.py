@@ -1,4 +1,4 @@
-"""The placement search: choose concrete nodes for a planned job, all or nothing.
+"""Choosing the nodes of a planned job, all or nothing (the planner's search, `planner/search.py`, chooses its settings).
 
 Algorithm:
     1. Screen every node (in name order) and record why it cannot take one of the job's pods: not a
