@@ -24,6 +24,11 @@ def product_key(name: str) -> str:
     return key.removesuffix("-SHARED").removeprefix("NVIDIA-")
 
 
+def product_tokens(name: str) -> tuple[str, ...]:
+    """The ``-``-separated words of :func:`product_key` (``("H100", "80GB", "HBM3")``), for table look-ups."""
+    return tuple(t for t in product_key(name).split("-") if t)
+
+
 def same_product(a: str, b: str) -> bool:
     """Whether two GPU product spellings name the same product (their :func:`product_key` is equal)."""
     return product_key(a) == product_key(b)

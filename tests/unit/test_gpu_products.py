@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
-from verl_contract.gpu_product import product_key, same_product
+from verl_contract.gpu_product import product_key, product_label, product_tokens, same_product
 from verl_operator.commands.plan import load_nodes
 from verl_operator.commands.render import render
+from verl_operator.planner.facts import memory_from_product, nvlink_domain_from_product
+from verl_operator.planner.gpu_labels import compute_from_product
 
 CLUSTERS = Path(__file__).parents[2] / "examples" / "clusters"
 H100_SPELLINGS = (
@@ -34,6 +36,20 @@ H100_SPELLINGS = (
 )
 def test_product_key(a: str, b: str, same: bool) -> None:
     assert same_product(a, b) is same, (product_key(a), product_key(b))
+
+
+@pytest.mark.parametrize("spelling", H100_SPELLINGS)
+def test_every_spelling_reads_the_same_tables(spelling: str) -> None:
+    """The planner's product tables (memory, NVLink, compute capability) look up the contract's key's words."""
+    assert product_tokens(spelling) == ("H100", "80GB", "HBM3")
+    assert memory_from_product(spelling) == 81559
+    assert nvlink_domain_from_product(spelling, 8) == 8
+    assert compute_from_product(spelling) == (9, 0)
+
+
+def test_the_gfd_spelling_of_an_nvidia_smi_name() -> None:
+    assert product_label("NVIDIA  H100 80GB HBM3 ") == "NVIDIA-H100-80GB-HBM3"
+    assert same_product(product_label("NVIDIA A100-SXM4-80GB"), "nvidia a100 sxm4 80gb")
 
 
 def _job(product: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_contract.gpu_product import product_key
+from verl_contract.gpu_product import product_key, product_tokens
 from verl_operator.planner.gpu_labels import read_gpu_labels
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -159,10 +159,6 @@ class NodeFacts:
     compute_capability: tuple[int, int] | None = None
 
 
-def _tokens(product: str) -> list[str]:
-    return [t for t in product_key(product).split("-") if t]
-
-
 def memory_from_product(product: str) -> int | None:
     """GPU memory in MiB from the product table, or None for an unknown product.
 
@@ -187,7 +183,7 @@ def nvlink_domain_from_product(product: str, gpus: int) -> int:
         product: The ``nvidia.com/gpu.product`` value.
         gpus: GPUs of the node.
     """
-    tokens = set(_tokens(product))
+    tokens = set(product_tokens(product))
     if not tokens or gpus <= 0:
         return 1
     if tokens & _PCIE_TOKENS or any(t.startswith("RTX") for t in tokens):

@@ -28,6 +28,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from verl_contract.gpu_product import product_tokens
+
 LABEL_PRODUCT = "nvidia.com/gpu.product"
 LABEL_MEMORY = "nvidia.com/gpu.memory"
 LABEL_REPLICAS = "nvidia.com/gpu.replicas"
@@ -156,13 +158,9 @@ def _int(raw: str | None) -> int | None:
         return None
 
 
-def _tokens(product: str) -> list[str]:
-    return [t for t in re.split(r"[\s_-]+", product.strip().upper()) if t]
-
-
 def compute_from_product(product: str) -> tuple[int, int] | None:
     """The CUDA compute capability of a product name from :data:`COMPUTE_CAPABILITY`, None if unknown."""
-    tokens = _tokens(product)
+    tokens = product_tokens(product)
     for token in sorted(COMPUTE_CAPABILITY, key=lambda k: (-len(k), k)):
         if token in tokens:
             return COMPUTE_CAPABILITY[token]
