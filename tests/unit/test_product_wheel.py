@@ -74,6 +74,10 @@ def test_the_product_wheel_holds_no_tooling(product_wheel: dict[str, str]) -> No
     # `plan --nodes <profile.yaml>` and the launcher zipapp the Dockerfile writes.
     assert {"verl_operator/clusters/profile.py", "verl_operator/launcher_zipapp.py"} <= set(product_wheel)
     assert {"verl_operator/controller/handlers.py", "verl_launcher/cli.py"} <= set(product_wheel)
+    # The launch contract both import (and the zipapp the Dockerfile writes carries).
+    assert {"verl_contract/launch_spec.py", "verl_contract/gpu_product.py", "verl_contract/py.typed"} <= set(
+        product_wheel
+    )
     (entry_points,) = [text for n, text in product_wheel.items() if n.endswith(".dist-info/entry_points.txt")]
     assert "verl-operator = verl_operator.cli:main" in entry_points
     assert "verl-operator-dev" not in entry_points
