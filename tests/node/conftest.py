@@ -99,6 +99,7 @@ def python_ray_launcher_recipe() -> imagebuild.Recipe:
             ROOT / "pyproject.toml",
             ROOT / "operator" / "verl_operator",
             ROOT / "launcher" / "verl_launcher",
+            ROOT / "launcher" / "verl_contract",
         ),
     )
 

@@ -84,6 +84,7 @@ def operator_recipe(root: Path) -> imagebuild.Recipe:
             root / "pyproject.toml",
             root / "operator" / "verl_operator",
             root / "launcher" / "verl_launcher",
+            root / "launcher" / "verl_contract",
         ),
         nonroot=True,
     )
