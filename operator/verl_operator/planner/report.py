@@ -15,6 +15,7 @@ from verl_operator.api.plan import (
     PlanResult,
     RolloutPlan,
 )
+from verl_operator.api.settings_registry import SETTINGS
 from verl_operator.planner import dialect
 from verl_operator.planner.cluster import Layout, Pool
 from verl_operator.planner.inputs import Problem, Settings
@@ -150,23 +151,25 @@ def _rollout_plan(p: Problem, mesh: Mesh, est: Estimate) -> RolloutPlan:
     )
 
 
+def settings_fields(settings: Settings, section: str) -> dict[str, object]:
+    """The plan fields of ``section`` that are settings as chosen, from the settings registry's rows (a new
+    setting with a plan field in the section lands there without an edit here)."""
+    return {field: getattr(settings, name) for name, field in SETTINGS.plan_fields(section).items()}
+
+
 def _batching_plan(mesh: Mesh) -> BatchingPlan:
     s = mesh.settings
     micro, lp_micro = s.ppo_micro_batch_size_per_gpu, s.log_prob_micro_batch_size_per_gpu
-    return BatchingPlan(
-        train_batch_size=s.train_batch_size,
-        rollout_n=s.rollout_n,
-        trajectories_per_step=mesh.trajectories,
-        ppo_mini_batch_size=s.ppo_mini_batch_size,
-        mini_batch_per_gpu=mesh.mini_per_gpu,
-        ppo_micro_batch_size_per_gpu=micro,
-        gradient_accumulation_steps=mesh.accumulation_steps(micro),
-        log_prob_micro_batch_size_per_gpu=lp_micro,
-        log_prob_passes_per_gpu=mesh.log_prob_passes(lp_micro),
-        dynamic_batch_size=s.dynamic_batch_size,
-        max_token_len_per_gpu=s.max_token_len_per_gpu,
-        log_prob_max_token_len_per_gpu=s.log_prob_max_token_len_per_gpu,
-        mini_batches_per_step=mesh.mini_batches_per_step,
+    return BatchingPlan.model_validate(
+        {
+            **settings_fields(s, "batching"),
+            # What the mesh derives from them.
+            "trajectories_per_step": mesh.trajectories,
+            "mini_batch_per_gpu": mesh.mini_per_gpu,
+            "gradient_accumulation_steps": mesh.accumulation_steps(micro),
+            "log_prob_passes_per_gpu": mesh.log_prob_passes(lp_micro),
+            "mini_batches_per_step": mesh.mini_batches_per_step,
+        }
     )
 
 
