@@ -172,3 +172,31 @@ def test_float16_flows_into_verls_overrides() -> None:
     } <= overrides
     bf16 = plan_job(spec, [_node(next(f for f in FIXTURES if f["id"] == "gpu-operator-dgx-h100"))])
     assert bf16.plan is not None and not any("dtype" in o for o in bf16.plan.overrides)
+
+
+@pytest.mark.parametrize(
+    ("fixture_id", "selector"),
+    [
+        pytest.param("gke-h100", {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}, id="gke"),
+        pytest.param("karpenter-p5", {"karpenter.k8s.aws/instance-gpu-name": "h100"}, id="karpenter"),
+        pytest.param(
+            "gpu-operator-dgx-h100", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, id="gpu-operator"
+        ),
+    ],
+)
+def test_pods_a_scheduler_places_select_the_pool_by_the_label_its_nodes_carry(
+    fixture_id: str, selector: dict[str, str]
+) -> None:
+    """Kueue and Volcano place the pods by their nodeSelector: on nodes without GFD that is the cloud's label."""
+    from verl_operator.commands.render import render
+
+    fixture = next(f for f in FIXTURES if f["id"] == fixture_id)
+    nodes = [_node(fixture, f"n-{i}") for i in range(2)]
+    spec = make_spec(gpus=16).model_dump(mode="json", by_alias=True, exclude_none=True)
+    job = {"kind": "VerlJob", "metadata": {"name": "j", "namespace": "ns"}, "spec": spec}
+    for scheduling in ({"queueName": "gpus"}, {"scheduler": "volcano"}):
+        job["spec"]["scheduling"] = scheduling
+        pods = [c for c in render(job, nodes) if c["kind"] == "Pod"]
+        assert len(pods) == 2
+        for pod in pods:
+            assert pod["spec"]["nodeSelector"] == selector, pod["spec"].get("nodeSelector")

@@ -148,6 +148,14 @@ class NodePoolPlan(ApiModel):
     nvlink_domain_size: int = Field(description="GPUs per NVLink domain on a node.")
     eligible_nodes: int = Field(description="Nodes of the pool.")
     excluded: dict[str, str] = Field(description="Excluded nodes and why.")
+    product_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "The node label naming the pool's GPU product as its nodes carry it (GPU Feature Discovery's "
+            "nvidia.com/gpu.product, or a cloud's label), the nodeSelector of pods a scheduler places; empty "
+            "when no label names it."
+        ),
+    )
 
 
 class Plan(ApiModel):

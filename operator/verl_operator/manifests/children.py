@@ -310,10 +310,12 @@ def _schedule(
         }
     else:
         selector = dict(spec.resources.node_selector)
-        # The product the plan (and the launcher's check, expect.gpuProduct) is for: the planned pool's label
-        # value (the spec may use another spelling, nvidia-smi's), so a scheduler of its own keeps to that pool.
-        product = plan.gpu_product or spec.resources.gpu_product
-        if product:
+        # The product the plan (and the launcher's check, expect.gpuProduct) is for, as the pool's nodes carry
+        # it (GFD's label, or a cloud's when GFD is absent), so a scheduler of its own keeps to that pool. A
+        # plan of an earlier release has no selector: its pool's product under GFD's label.
+        if plan.product_selector:
+            selector.update(dict(plan.product_selector))
+        elif product := plan.gpu_product or spec.resources.gpu_product:
             selector["nvidia.com/gpu.product"] = product
         if selector:
             pod_spec["nodeSelector"] = selector

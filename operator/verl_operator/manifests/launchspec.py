@@ -52,6 +52,7 @@ class LaunchPlan:
         require_nvlink: ``spec.placement.nvlink == "required"``.
         gpu_product: GPU product of the plan's node pool, if known.
         gpu_memory_mib: GPU memory of the plan's node pool, if known.
+        product_selector: The pool's product label as its nodes carry it (``NodePoolPlan.product_selector``).
         nodes: Chosen node names, index 0 hosts the head; empty when a scheduler of its own places the pods.
         launcher_image: The operator's image, whose launcher an init container copies into each Ray pod
             (``spec.verl.launcher: inject``); None runs ``verl-launcher`` from the job's image.
@@ -67,6 +68,7 @@ class LaunchPlan:
     require_nvlink: bool = False
     gpu_product: str | None = None
     gpu_memory_mib: int | None = None
+    product_selector: tuple[tuple[str, str], ...] = ()
     nodes: tuple[str, ...] = ()
     launcher_image: str | None = None
 
@@ -91,6 +93,7 @@ class LaunchPlan:
             require_nvlink=spec.placement.nvlink == "required",
             gpu_product=pool.gpu_product or None,
             gpu_memory_mib=pool.gpu_memory_mib or None,
+            product_selector=tuple(sorted(pool.product_selector.items())),
             nodes=tuple(nodes),
             launcher_image=launcher_image,
         )

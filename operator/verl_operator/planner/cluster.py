@@ -29,6 +29,9 @@ class Pool:
     memory_mib: int
     nvlink_domain: int
     nodes: tuple[NodeFacts, ...]
+    #: The node label that names the product on these nodes (GFD's, or a cloud's), for a scheduler's
+    #: nodeSelector; empty when no label names it.
+    selector: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,12 @@ def memory_hint(node: NodeFacts) -> str:
     )
 
 
+def product_selector(node: NodeFacts) -> tuple[tuple[str, str], ...]:
+    """``((label, value),)``: the label the node's GPU product was read from, as the node carries it."""
+    key = node.gpu_product_source
+    return ((key, node.labels[key]),) if key and key in node.labels else ()
+
+
 def gpu_memory(node: NodeFacts, spec: VerlJobSpec) -> int | None:
     """GPU memory of ``node`` in MiB: its labels' or the product table's, else ``spec.resources.gpuMemoryMiB``."""
     return node.gpu_memory_mib if node.gpu_memory_mib is not None else spec.resources.gpu_memory_mib
@@ -143,7 +152,7 @@ def select(facts: Sequence[NodeFacts], spec: VerlJobSpec) -> tuple[list[Pool], d
     the job are tried first, leaving larger ones to larger jobs).
     """
     excluded: dict[str, str] = {}
-    groups: dict[tuple[str, int, int], list[NodeFacts]] = {}
+    groups: dict[tuple[str, int, int, tuple[tuple[str, str], ...]], list[NodeFacts]] = {}
     for node in sorted(facts, key=lambda n: name_key(n.name)):
         reason = exclusion_reason(node, spec)
         if reason is not None:
@@ -151,10 +160,10 @@ def select(facts: Sequence[NodeFacts], spec: VerlJobSpec) -> tuple[list[Pool], d
             continue
         memory = gpu_memory(node, spec)
         assert memory is not None  # exclusion_reason guarantees it
-        key = (node.gpu_product, memory, node.nvlink_domain_size)
+        key = (node.gpu_product, memory, node.nvlink_domain_size, product_selector(node))
         groups.setdefault(key, []).append(node)
     pools = [
-        Pool(product=k[0], memory_mib=k[1], nvlink_domain=k[2], nodes=tuple(v))
+        Pool(product=k[0], memory_mib=k[1], nvlink_domain=k[2], nodes=tuple(v), selector=k[3])
         for k, v in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2]))
     ]
     return pools, excluded

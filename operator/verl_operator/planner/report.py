@@ -91,6 +91,7 @@ def build_result(
             nvlink_domain_size=layout.nvlink_domain,
             eligible_nodes=len(pool.nodes),
             excluded=dict(sorted(excluded.items())),
+            product_selector=dict(pool.selector),
         ),
         overrides=dialect.emit(_emitted(p, s, adv, model_path), passthrough),
     )
