@@ -105,4 +105,4 @@ def test_check_mode_reports_a_stale_readme(
     assert gen.REGENERATE in capsys.readouterr().err
     assert gen.main(["--chart-dir", str(chart)]) == 0
     assert gen.main(["--check", "--chart-dir", str(chart)]) == 0
-    assert "| `replicaCount` | int | `1` |" in (chart / "README.md").read_text()
+    assert "| `replicaCount` | int | `2` |" in (chart / "README.md").read_text()

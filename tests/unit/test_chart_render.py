@@ -24,7 +24,9 @@ NAMESPACE = "verl-system"
 FULLNAME = "vo-verl-operator"
 
 #: Verbs a rule of the chart may grant: never a wildcard, never escalate/bind/impersonate.
-ALLOWED_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
+ALLOWED_VERBS = {"get", "list", "watch", "create", "patch", "delete", "update"}
+#: The leader election's Role in the release namespace (the Lease's only grant).
+LEASE_ROLE = f"{FULLNAME}-leader-election"
 
 
 def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -112,6 +114,9 @@ def test_defaults_render_a_cluster_wide_install(helm: str) -> None:
             "Secret",  # webhook TLS
             "ConfigMap",  # admission policy
             "ValidatingWebhookConfiguration",
+            "PodDisruptionBudget",  # two replicas
+            "Role",  # the leader election's Lease
+            "RoleBinding",
         ]
     )
     for obj in objects:
@@ -127,8 +132,12 @@ def test_deployment_is_hardened(helm: str) -> None:
     objects = render(helm)
     deployment = one(objects, "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2
+    # The Lease keeps one reconciler: a rollout replaces one pod after the other, a replica always ready.
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == FULLNAME
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -197,6 +206,8 @@ def test_rbac_has_no_wildcards_and_only_known_verbs(helm: str, sets: tuple[str, 
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field], f"{where}: wildcard in {field}: {rule}"
         assert set(rule["verbs"]) <= ALLOWED_VERBS, f"{where}: {rule}"
+        if "update" in rule["verbs"]:
+            assert rule["resources"] == ["leases"], f"{where}: update is for the Lease only: {rule}"
         assert "resourceNames" not in rule or rule["resourceNames"]
         # The chart owns the webhook configuration and the operator reads no Secrets.
         assert not {"secrets", "validatingwebhookconfigurations", "clusterroles", "roles"} & set(
@@ -206,9 +217,9 @@ def test_rbac_has_no_wildcards_and_only_known_verbs(helm: str, sets: tuple[str, 
 
 def test_namespace_mode_renders_roles_not_a_cluster_wide_grant(helm: str) -> None:
     objects = render(helm, "watchNamespaces={team-a,team-b}")
-    roles = by_kind(objects, "Role")
+    roles = [r for r in by_kind(objects, "Role") if r["metadata"]["name"] != LEASE_ROLE]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    bindings = by_kind(objects, "RoleBinding")
+    bindings = [b for b in by_kind(objects, "RoleBinding") if b["metadata"]["name"] != LEASE_ROLE]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"
@@ -235,9 +246,9 @@ def test_namespace_mode_renders_roles_not_a_cluster_wide_grant(helm: str) -> Non
     ]
 
 
-def test_cluster_wide_mode_renders_no_role(helm: str) -> None:
+def test_cluster_wide_mode_renders_no_role_but_the_leases(helm: str) -> None:
     objects = render(helm)
-    assert by_kind(objects, "Role") == []
+    assert [r["metadata"]["name"] for r in by_kind(objects, "Role")] == [LEASE_ROLE]
     resources = {res for _, rule in rules(objects) for res in rule["resources"]}
     assert resources == {
         "nodes",
@@ -251,6 +262,7 @@ def test_cluster_wide_mode_renders_no_role(helm: str) -> None:
         "configmaps",
         "events",
         "subjectaccessreviews",
+        "leases",
     }
     assert "namespaceSelector" not in one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
 
@@ -415,6 +427,9 @@ def test_webhook_disabled_renders_no_admission_objects(helm: str) -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "PodDisruptionBudget",
+        "Role",
+        "RoleBinding",
     }
     ctr = container(objects)
     assert not [a for a in ctr["command"] if a.startswith(("--webhook", "--metrics"))]
@@ -558,3 +573,72 @@ def test_chart_policy_values_reach_the_file_and_the_rbac(helm: str) -> None:
     assert policy.allowed_volume_types == ("hostPath",) and not policy.require_pod_create_permission
     assert ("authorization.k8s.io", "subjectaccessreviews", "create") not in granted(objects)
     assert ("authorization.k8s.io", "subjectaccessreviews", "create") in granted(render(helm))
+
+
+def test_two_replicas_elect_a_leader_spread_over_nodes_and_keep_one_through_a_drain(helm: str) -> None:
+    objects = render(helm)
+    args = container(objects)["command"]
+    assert "--leader-elect" in args
+    assert f"--leader-election-id={FULLNAME}" in args
+    assert f"--leader-election-namespace={NAMESPACE}" in args
+    assert "--leader-election-lease-duration=15" in args
+    assert "--leader-election-renew-deadline=10" in args
+    assert "--leader-election-retry-period=2" in args
+    lease_role = one(objects, "Role")
+    assert lease_role["metadata"] == {**lease_role["metadata"], "name": LEASE_ROLE, "namespace": NAMESPACE}
+    assert lease_role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+    ]
+    binding = one(objects, "RoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": LEASE_ROLE}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    pod = one(objects, "Deployment")["spec"]["template"]
+    selector = one(objects, "Deployment")["spec"]["selector"]["matchLabels"]
+    pdb = one(objects, "PodDisruptionBudget")
+    assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": selector}}
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    (term,) = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["weight"] == 100
+    assert term["podAffinityTerm"] == {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": selector},
+    }
+
+
+def test_lease_values_reach_the_args_and_the_role(helm: str) -> None:
+    objects = render(
+        helm,
+        "leaderElection.leaseName=my-lease",
+        "leaderElection.namespace=ops",
+        "leaderElection.leaseDuration=10",
+        "leaderElection.renewDeadline=7",
+        "leaderElection.retryPeriod=1",
+        "podAntiAffinity=required",
+        "podDisruptionBudget.minAvailable=2",
+        "replicaCount=3",
+    )
+    args = container(objects)["command"]
+    for arg in (
+        "--leader-election-id=my-lease",
+        "--leader-election-namespace=ops",
+        "--leader-election-lease-duration=10",
+        "--leader-election-renew-deadline=7",
+        "--leader-election-retry-period=1",
+    ):
+        assert arg in args
+    assert one(objects, "Role")["metadata"]["namespace"] == "ops"
+    assert one(objects, "RoleBinding")["metadata"]["namespace"] == "ops"
+    assert one(objects, "PodDisruptionBudget")["spec"]["minAvailable"] == 2
+    anti = one(objects, "Deployment")["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert list(anti) == ["requiredDuringSchedulingIgnoredDuringExecution"]
+
+
+def test_one_replica_without_election_is_the_single_instance_of_before(helm: str) -> None:
+    objects = render(helm, "replicaCount=1", "leaderElection.enabled=false")
+    assert not by_kind(objects, "PodDisruptionBudget") and not by_kind(objects, "Role")
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "affinity" not in deployment["spec"]["template"]["spec"]
+    assert not [a for a in container(objects)["command"] if a.startswith("--leader")]
+    # One replica with election (a standby started by hand, say): no PDB (it would block every drain).
+    assert not by_kind(render(helm, "replicaCount=1"), "PodDisruptionBudget")

@@ -29,7 +29,19 @@ def template(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
     ("set_arg", "pointer", "reason"),
     [
         pytest.param("replicaCount=abc", "/replicaCount", "want integer", id="replicas-not-a-number"),
-        pytest.param("replicaCount=2", "/replicaCount", "maximum", id="replicas-above-one"),
+        pytest.param(
+            "replicaCount=2,leaderElection.enabled=false",
+            "/leaderElection/enabled",
+            "must be true",
+            id="replicas-without-leader-election",
+        ),
+        pytest.param("podAntiAffinity=sometimes", "/podAntiAffinity", "one of", id="anti-affinity-unknown"),
+        pytest.param(
+            "leaderElection.leaseDuration=0",
+            "/leaderElection/leaseDuration",
+            "exclusiveMinimum",
+            id="lease-duration-zero",
+        ),
         pytest.param("replicaCount=-1", "/replicaCount", "minimum", id="replicas-negative"),
         pytest.param("image.pullPolicy=Sometimes", "/image/pullPolicy", "one of", id="pull-policy"),
         pytest.param("image.repository=", "/image/repository", "minLength", id="empty-repository"),
@@ -90,6 +102,8 @@ def test_bad_values_are_rejected_naming_the_field(helm: str, set_arg: str, point
     "set_arg",
     [
         pytest.param("replicaCount=0", id="parked"),
+        pytest.param("replicaCount=1,leaderElection.enabled=false", id="one-replica-no-election"),
+        pytest.param("replicaCount=3", id="three-replicas"),
         pytest.param("watchNamespaces={team-a,ml-jobs}", id="namespaces"),
         pytest.param("webhook.url=https://127.0.0.1:9443", id="dev-url"),
         pytest.param("webhook.url=https://[::1]:9443/", id="dev-url-ipv6"),

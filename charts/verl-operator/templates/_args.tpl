@@ -26,6 +26,15 @@ settings. The webhook configuration object is owned by the chart, so the operato
 {{- if .Values.webhook.enabled }}
 - --policy-file=/etc/verl-operator/policy/policy.yaml
 {{- end }}
+{{- /* Only the holder of the Lease reconciles; every replica serves the webhook. */}}
+{{- if .Values.leaderElection.enabled }}
+- --leader-elect
+- {{ printf "--leader-election-id=%s" (include "verl-operator.leaseName" .) | quote }}
+- {{ printf "--leader-election-namespace=%s" (include "verl-operator.leaseNamespace" .) | quote }}
+- {{ printf "--leader-election-lease-duration=%v" .Values.leaderElection.leaseDuration | quote }}
+- {{ printf "--leader-election-renew-deadline=%v" .Values.leaderElection.renewDeadline | quote }}
+- {{ printf "--leader-election-retry-period=%v" .Values.leaderElection.retryPeriod | quote }}
+{{- end }}
 {{- /* Ray pods of jobs with `verl.launcher: inject` copy the launcher from this same image. */}}
 - {{ printf "--launcher-image=%s" (include "verl-operator.image" .) | quote }}
 {{- range .Values.extraArgs }}

@@ -142,3 +142,15 @@ app.kubernetes.io/component: topology-probe
 {{- define "verl-operator.imageRef" -}}
 {{- if .tag }}{{ printf "%s:%s" .repository .tag }}{{ else }}{{ .repository }}{{ end }}
 {{- end }}
+
+{{/*
+The leader election's Lease: its name (the full name unless leaderElection.leaseName) and namespace (the
+release namespace unless leaderElection.namespace).
+*/}}
+{{- define "verl-operator.leaseName" -}}
+{{- default (include "verl-operator.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}
+
+{{- define "verl-operator.leaseNamespace" -}}
+{{- default .Release.Namespace .Values.leaderElection.namespace }}
+{{- end }}

@@ -71,6 +71,43 @@ def add_parser(subparsers: Any) -> None:
         "--launcher-image",
         help=f"this operator's image: Ray pods copy verl-launcher from it (default ${LAUNCHER_IMAGE_ENV})",
     )
+    election = p.add_argument_group(
+        "leader election", "several replicas: only the holder of a coordination.k8s.io Lease reconciles"
+    )
+    election.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="reconcile only while holding the Lease; every replica still serves the webhook (default: off)",
+    )
+    election.add_argument(
+        "--leader-election-id", default="verl-operator", metavar="NAME", help="the Lease's name"
+    )
+    election.add_argument(
+        "--leader-election-namespace",
+        metavar="NS",
+        help="the Lease's namespace (default: the pod's; required outside a pod)",
+    )
+    election.add_argument(
+        "--leader-election-lease-duration",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="seconds a standby waits after the Lease's last change before taking it over (default 15)",
+    )
+    election.add_argument(
+        "--leader-election-renew-deadline",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds the leader keeps reconciling without a successful renew (default 10)",
+    )
+    election.add_argument(
+        "--leader-election-retry-period",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="seconds between two attempts to acquire or renew (default 2)",
+    )
     p.add_argument("--workdir", default=None, help="directory for generated files (default: a temp dir)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     p.set_defaults(func=run)
@@ -97,6 +134,22 @@ def run(args: argparse.Namespace) -> int:
             load_policy(args.policy_file)
         except PolicyError as exc:
             raise SystemExit(f"error: {exc}") from exc
+    lease_namespace = None
+    if args.leader_elect:
+        from verl_operator.controller.leader import ElectionTiming, default_namespace
+
+        timing = ElectionTiming(
+            args.leader_election_lease_duration,
+            args.leader_election_renew_deadline,
+            args.leader_election_retry_period,
+        )
+        if timing.problems():
+            raise SystemExit("error: " + "; ".join(timing.problems()))
+        lease_namespace = args.leader_election_namespace or default_namespace()
+        if not lease_namespace:
+            raise SystemExit(
+                "error: --leader-elect outside a pod needs --leader-election-namespace (the Lease's namespace)"
+            )
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="verl-operator-"))
     config.CONFIG[0] = config.RunConfig(
         kubeconfig=args.kubeconfig,
@@ -113,6 +166,12 @@ def run(args: argparse.Namespace) -> int:
         workdir=workdir,
         launcher_image=args.launcher_image or os.environ.get(LAUNCHER_IMAGE_ENV) or None,
         policy_file=args.policy_file,
+        leader_elect=args.leader_elect,
+        lease_name=args.leader_election_id,
+        lease_namespace=lease_namespace,
+        lease_duration=args.leader_election_lease_duration,
+        renew_deadline=args.leader_election_renew_deadline,
+        retry_period=args.leader_election_retry_period,
     )
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -28,6 +28,13 @@ class RunConfig:
         launcher_image: The operator's own image: Ray pods of jobs with ``verl.launcher: inject`` copy the
             launcher from it (None: they run ``verl-launcher`` from the job's image).
         policy_file: The administrator's admission policy (YAML, ``verl_operator.policy``); None: the defaults.
+        leader_elect: Reconcile only while holding the Lease ``lease_namespace/lease_name``
+            (``controller/leader.py``); False: this process always reconciles (one replica).
+        lease_name: The Lease's name.
+        lease_namespace: The Lease's namespace (required with ``leader_elect``).
+        lease_duration: Seconds a standby waits after the Lease's last change before it takes it over.
+        renew_deadline: Seconds the leader keeps reconciling without a successful renew.
+        retry_period: Seconds between two attempts to acquire or renew.
     """
 
     kubeconfig: str | None = None
@@ -44,6 +51,12 @@ class RunConfig:
     workdir: Path = Path(".verl-operator")
     launcher_image: str | None = None
     policy_file: str | None = None
+    leader_elect: bool = False
+    lease_name: str = "verl-operator"
+    lease_namespace: str | None = None
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
 
 
 CONFIG: list[RunConfig] = [RunConfig()]

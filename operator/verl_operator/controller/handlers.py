@@ -25,6 +25,13 @@ from verl_operator.controller.cache import CachedKube
 from verl_operator.controller.config import current
 from verl_operator.controller.dryrun import dry_run_children, dry_run_problems
 from verl_operator.controller.kube import gpu_quota_problems, kueue_problems
+from verl_operator.controller.leader import (
+    ElectionTiming,
+    FencedKube,
+    KubeLeaseStore,
+    LeaderElector,
+    default_identity,
+)
 from verl_operator.controller.reconcile import JobReconciler
 from verl_operator.controller.runtime import RUNTIME
 from verl_operator.controller.webhook import (
@@ -38,7 +45,9 @@ from verl_operator.manifests.names import LABEL_JOB
 from verl_operator.policy import PolicyError
 
 log = logging.getLogger("verl_operator.handlers")
-_TASKS: list[asyncio.Task[None]] = []
+_TASKS: list[asyncio.Task[None]] = []  # the reconcile loop, or the leader election that starts it
+_LOOP: list[asyncio.Task[None]] = []  # the reconcile loop while this replica leads (leader election)
+_ELECTOR: list[LeaderElector] = []
 _API: list[client.ApiClient] = []  # the operator's API client, for the webhook's SubjectAccessReviews
 _POLICY = PolicySource()
 _CALLS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="admission")  # the permission checks
@@ -234,6 +243,12 @@ def probe_jobs(**_: Any) -> int:
     return len(RUNTIME.pending)
 
 
+@kopf.on.probe(id="leader")
+def probe_leader(**_: Any) -> bool:
+    """Liveness detail: whether this replica reconciles (a standby is healthy too: it serves the webhook)."""
+    return not _ELECTOR or _ELECTOR[0].is_leader()
+
+
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """Credentials: the ``--kubeconfig`` file when given, else the pod's ServiceAccount, else ``$KUBECONFIG``."""
@@ -279,14 +294,44 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     calls = ThreadPoolExecutor(
         max_workers=4 * cfg.workers, thread_name_prefix="api"
     )  # pods of one pass at once
+    kube: Any = CachedKube(api, cache)
+    elector: LeaderElector | None = None
+    if cfg.leader_elect:
+        assert cfg.lease_namespace, "verl-operator run checks the Lease's namespace"
+        timing = ElectionTiming(cfg.lease_duration, cfg.renew_deadline, cfg.retry_period)
+        # A client of its own: a renew never waits for a connection behind the reconcile workers' calls.
+        store = KubeLeaseStore(
+            _client_from(cfg.kubeconfig),
+            cfg.lease_namespace,
+            cfg.lease_name,
+            timeout=timing.renew_deadline / 2,
+        )
+        elector = LeaderElector(store, default_identity(), timing, clock=time.monotonic)
+        _ELECTOR.append(elector)
+        kube = FencedKube(kube, elector.is_leader)  # a pass in flight when the lease is lost writes nothing
     reconciler = JobReconciler(
-        CachedKube(api, cache),
+        kube,
         cache.snapshot,
         node_facts=cache.facts_of,
         calls=calls,
         retry_now=cache.take_retry,
     )
-    _TASKS.append(asyncio.create_task(RUNTIME.run(reconciler, cfg.resync_seconds, cfg.workers)))
+    if elector is None:
+        metrics.LEADER.set(1)
+        _TASKS.append(asyncio.create_task(RUNTIME.run(reconciler, cfg.resync_seconds, cfg.workers)))
+        return
+
+    async def started() -> None:
+        metrics.LEADER.set(1)
+        _LOOP.append(asyncio.create_task(RUNTIME.run(reconciler, cfg.resync_seconds, cfg.workers)))
+
+    async def stopped() -> None:
+        metrics.LEADER.set(0)
+        await _cancel(_LOOP)
+
+    metrics.LEADER.set(0)
+    log.info("leader election on Lease %s/%s as %s", cfg.lease_namespace, cfg.lease_name, elector.identity)
+    _TASKS.append(asyncio.create_task(elector.run(started, stopped)))
 
 
 #: The interpreter's thread switch interval in the operator process (see ``configure``).
@@ -311,10 +356,19 @@ def _client_from(kubeconfig: str | None) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    tasks.clear()
+
+
 @kopf.on.cleanup()
 async def stop(**_: Any) -> None:
-    """Stop the reconcile loop."""
-    for task in _TASKS:
-        task.cancel()
-    await asyncio.gather(*_TASKS, return_exceptions=True)
-    _TASKS.clear()
+    """Stop the election and the reconcile loop; a leader then hands its Lease back, so a standby takes over
+    at its next retry instead of after the lease's duration (a rollout, a drained node)."""
+    await _cancel(_TASKS)
+    await _cancel(_LOOP)
+    for elector in _ELECTOR:
+        if await asyncio.get_running_loop().run_in_executor(None, elector.release):
+            log.info("%s released the lease", elector.identity)

@@ -31,6 +31,11 @@ ADMISSION_DENIALS = Counter(
     "verl_operator_admission_denials_total", "VerlJobs denied by the validating webhook."
 )
 
+LEADER = Gauge(
+    "verl_operator_leader",
+    "1 while this replica holds the leader Lease and reconciles (also 1 without leader election), else 0.",
+)
+
 
 def set_job_phases(phases: Iterable[str | None]) -> None:
     """Set the jobs-by-phase gauge from the phases of every known job (no phase yet counts as Pending)."""

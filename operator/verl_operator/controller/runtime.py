@@ -46,6 +46,7 @@ class Runtime:
         self.ready: asyncio.Event | None = None
         self._is_ready = False
         self.phases_dirty = True
+        self._previous: ThreadPoolExecutor | None = None  # the workers of the last run, until they finish
 
     def mark_ready(self) -> None:
         """Called by every handler: kopf runs handlers only after the initial listing filled the cache."""
@@ -108,7 +109,9 @@ class Runtime:
                 self.wakeup.set()
 
     async def run(self, reconciler: JobReconciler, resync: float, workers: int = 4) -> None:
-        """Process the queue forever (cancelled at operator shutdown).
+        """Process the queue until cancelled (at operator shutdown, or when this replica loses the leader
+        Lease: then it runs again once the replica leads again, after the passes still running in the
+        threads of the cancelled run have finished; the cache and the queue stay filled in between).
 
         Args:
             reconciler: Reconciles one job per call (in a worker thread).
@@ -121,6 +124,9 @@ class Runtime:
             self.ready.set()
         await self.ready.wait()
         loop = asyncio.get_running_loop()
+        if self._previous is not None:  # never two passes of one job at once across two runs
+            previous, self._previous = self._previous, None
+            await loop.run_in_executor(None, previous.shutdown, True)
         # Threads of their own: kopf's executor (sync handlers, the webhook) never waits behind a reconcile.
         executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
         tasks: set[asyncio.Task[None]] = set()
@@ -165,6 +171,7 @@ class Runtime:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             executor.shutdown(wait=False, cancel_futures=True)
+            self._previous = executor
 
 
 RUNTIME = Runtime()

@@ -37,6 +37,9 @@ class LocalOperator:
         env: Extra environment variables of the process.
         resync_seconds: ``--resync-seconds``; None: the operator's default (minutes: changes, freed capacity
             and scheduled TTL/deadline wake-ups drive every reconcile).
+        serve_webhook: With ``webhook_name=None``: serve the webhook on :attr:`webhook_port` all the same,
+            without a webhook configuration pointing at it (the HA test posts reviews to it directly).
+        extra_args: More ``verl-operator run`` arguments (for example the leader election's flags).
     """
 
     def __init__(
@@ -47,6 +50,8 @@ class LocalOperator:
         namespaces: tuple[str, ...] = (),
         env: Mapping[str, str] | None = None,
         resync_seconds: float | None = None,
+        serve_webhook: bool = False,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.kubeconfig = kubeconfig
         self.workdir = workdir
@@ -54,6 +59,8 @@ class LocalOperator:
         self.namespaces = namespaces
         self.env = dict(env or {})
         self.resync_seconds = resync_seconds
+        self.serve_webhook = serve_webhook
+        self.extra_args = extra_args
         ports = pick_free_ports(("health", "metrics", "webhook"))
         self.health_port, self.metrics_port, self.webhook_port = (
             ports["health"],
@@ -89,7 +96,10 @@ class LocalOperator:
             argv.append(f"--resync-seconds={self.resync_seconds}")
         if self.webhook_name:
             argv += [f"--webhook-port={self.webhook_port}", f"--webhook-managed={self.webhook_name}"]
+        elif self.serve_webhook:
+            argv.append(f"--webhook-port={self.webhook_port}")
         argv += [f"--namespace={ns}" for ns in self.namespaces]
+        argv += list(self.extra_args)
         return argv
 
     def start(self, timeout: float = 60.0) -> LocalOperator:

@@ -1,0 +1,249 @@
+"""High availability: two operator processes with leader election on one Lease, the leader killed mid-creation.
+
+Both processes watch the cluster and serve the validating webhook; only the holder of the Lease reconciles.
+The leader creates pods slowly (``VERL_OPERATOR_CREATE_DELAY_SECONDS``) and is killed with SIGKILL while it
+is creating a job's pods; a second job is created while no replica leads. The standby must take the Lease
+over within the lease's duration plus a few seconds, finish the first job with exactly its pods (the ones
+already created kept, where the placement said) and place the second; its webhook answers throughout.
+
+Admission is tested through the standby's own webhook server (AdmissionReviews posted to it over HTTPS, with
+its certificate): in local mode each process would manage a webhook configuration of its own pointing at
+itself, and in a cluster the chart's one configuration points at a Service in front of both pods, which a
+local process has no equivalent of. What is tested is what the Service relies on: the surviving replica
+answers reviews whatever happens to the leader.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from cluster.polling import wait_for
+from verl_devtools.devcluster import DevCluster
+from verl_devtools.devcluster.localrun import LocalOperator, install_crd
+from verl_operator.clusters.labels import PROFILE
+from verl_operator.controller.reconcile import CREATE_DELAY_ENV
+
+GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
+#: The election's defaults (client-go's): the standby takes over this long after it last saw a renew.
+LEASE_DURATION, RETRY_PERIOD = 15.0, 2.0
+
+pytestmark = pytest.mark.timeout(150)
+
+
+@pytest.fixture(scope="module")
+def dgx(devcluster: DevCluster) -> Iterator[None]:
+    """The DGX H100 profile's nodes (4 x 8 GPUs), and the CRD."""
+    install_crd(devcluster.kubeconfig)
+    devcluster.apply_profile("dgx-h100")
+    yield
+    devcluster.remove_profile("dgx-h100")
+
+
+def make_job(name: str, gpus: int, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "VerlJob",
+        "metadata": {"name": name},
+        "spec": {
+            "verl": {"image": "ghcr.io/example/verl:0.9.1"},
+            "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
+            "data": {"trainBatchSize": 8 * gpus},
+            "rollout": {"responsesPerPrompt": 4},
+            "resources": {"gpus": gpus, "gpusPerNode": 8, "nodeSelector": {PROFILE: "dgx-h100"}},
+            **spec,
+        },
+    }
+
+
+def replica(
+    devcluster: DevCluster, workdir: Path, name: str, namespace: str, lease: str, **env: str
+) -> LocalOperator:
+    """One replica: leader election on ``namespace/lease`` (default durations), the webhook served."""
+    return LocalOperator(
+        devcluster.kubeconfig,
+        workdir,
+        webhook_name=None,
+        serve_webhook=True,
+        env={"POD_NAME": name, **env},  # the holder identity starts with it
+        extra_args=(
+            "--leader-elect",
+            f"--leader-election-namespace={namespace}",
+            f"--leader-election-id={lease}",
+        ),
+    )
+
+
+def holder(kube: client.ApiClient, namespace: str, lease: str) -> str:
+    try:
+        obj = client.CoordinationV1Api(kube).read_namespaced_lease(lease, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return ""
+        raise
+    return str(obj.spec.holder_identity or "")
+
+
+def review(operator: LocalOperator, namespace: str, job: dict[str, Any]) -> dict[str, Any]:
+    """POST a CREATE AdmissionReview of ``job`` to the operator's webhook server; its response."""
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": GROUP, "version": VERSION, "kind": "VerlJob"},
+            "resource": {"group": GROUP, "version": VERSION, "resource": PLURAL},
+            "operation": "CREATE",
+            "namespace": namespace,
+            "name": job["metadata"]["name"],
+            "userInfo": {"username": "admin", "groups": ["system:masters", "system:authenticated"]},
+            "object": {**job, "metadata": {**job["metadata"], "namespace": namespace}},
+        },
+    }
+    tls = ssl.create_default_context(cafile=str(operator.ca_path))
+    request = urllib.request.Request(
+        f"https://127.0.0.1:{operator.webhook_port}/verljob",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, context=tls, timeout=5) as answer:
+        return dict(json.loads(answer.read())["response"])
+
+
+class Reviewer(threading.Thread):
+    """Posts a denied and an allowed review to one webhook server, one after the other, until stopped."""
+
+    def __init__(self, operator: LocalOperator, namespace: str) -> None:
+        super().__init__(daemon=True)
+        self.operator, self.namespace = operator, namespace
+        self.answers: list[float] = []
+        self.failures: list[str] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        bad = make_job("probe-bad", 16, data={"trainBatchSize": 100}, rollout={"responsesPerPrompt": 1})
+        good = make_job("probe-good", 8)
+        while not self.halt.is_set():
+            for job, allowed in ((bad, False), (good, True)):
+                try:
+                    answer = review(self.operator, self.namespace, job)
+                except Exception as exc:  # every failure is recorded and asserted on
+                    self.failures.append(f"{time.monotonic():.1f}: {exc!r}")
+                    continue
+                if answer.get("allowed") is not allowed:
+                    self.failures.append(f"{job['metadata']['name']}: {answer}")
+                elif not allowed and "use trainBatchSize 96 or 112" not in answer["status"]["message"]:
+                    self.failures.append(f"denied for another reason: {answer}")
+                else:
+                    self.answers.append(time.monotonic())
+            self.halt.wait(0.2)
+
+
+def test_killed_leader_the_standby_takes_over_without_duplicates_and_admission_answers(
+    devcluster: DevCluster, dgx: None, kube: client.ApiClient, kubectl: Any, namespace: str, tmp_path: Path
+) -> None:
+    core, custom = client.CoreV1Api(kube), client.CustomObjectsApi(kube)
+    lease = f"ha-{uuid.uuid4().hex[:6]}"
+
+    def pods(job: str | None = None) -> list[client.V1Pod]:
+        selector = f"verl-operator.io/job={job}" if job else "verl-operator.io/job"
+        return core.list_namespaced_pod(namespace, label_selector=selector).items
+
+    def job_status(name: str) -> dict[str, Any]:
+        obj: Any = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        return dict(obj.get("status") or {})
+
+    leader = replica(devcluster, tmp_path / "a", "op-a", namespace, lease, **{CREATE_DELAY_ENV: "2"})
+    standby = replica(devcluster, tmp_path / "b", "op-b", namespace, lease)
+    reviewer = Reviewer(standby, namespace)
+    try:
+        leader.start()
+        wait_for(lambda: holder(kube, namespace, lease).startswith("op-a_"), "op-a holds the lease", 20, 0.1)
+        standby.start()
+        assert "verl_operator_leader 0.0" in standby.metrics()
+        assert "verl_operator_leader 1.0" in leader.metrics()
+        reviewer.start()
+
+        applied = kubectl(["apply", "-n", namespace, "-f", "-"], input=json.dumps(make_job("big", 24)))
+        assert applied.returncode == 0, applied.stderr
+        wait_for(lambda: len(pods("big")) >= 1 or None, "the leader's first pod", 30, 0.05)
+        leader.kill()
+        killed = time.monotonic()
+        before = pods("big")
+        assert 1 <= len(before) < 3, "killed in the middle of creating the 3 pods"
+        placement = job_status("big")["placement"]
+        assert "verl_operator_reconciles_total 0.0" in standby.metrics(), "the standby reconciled nothing"
+
+        # Created while no replica leads: the standby must place it once it takes over.
+        applied = kubectl(["apply", "-n", namespace, "-f", "-"], input=json.dumps(make_job("small", 8)))
+        assert applied.returncode == 0, applied.stderr
+        time.sleep(1)
+        assert job_status("small").get("phase") is None, (
+            "no replica reconciles while the lease is held by a dead one"
+        )
+
+        wait_for(
+            lambda: holder(kube, namespace, lease).startswith("op-b_"),
+            "op-b takes the lease over",
+            LEASE_DURATION + 3 * RETRY_PERIOD + 5,
+            0.05,
+        )
+        failover = time.monotonic() - killed
+        assert failover < LEASE_DURATION + 3 * RETRY_PERIOD, f"took over after {failover:.1f}s"
+        for name in ("big", "small"):
+            wait_for(lambda n=name: job_status(n).get("phase") == "Running" or None, f"{name} Running", 30)
+        assert "verl_operator_leader 1.0" in standby.metrics()
+
+        # No duplicate, no orphan: exactly the jobs' pods, the ones created before the kill kept, each where
+        # the placement written before the first pod said; and nothing more after a few passes.
+        for _ in range(4):
+            everything = sorted(p.metadata.name for p in pods())
+            assert everything == ["big-r0-head", "big-r0-worker-1", "big-r0-worker-2", "small-r0-head"]
+            time.sleep(0.25)
+        final = pods("big")
+        assert {p.metadata.uid for p in before} <= {p.metadata.uid for p in final}, "existing pods were kept"
+        by_index = {int(p.metadata.labels["verl-operator.io/node-index"]): p.spec.node_name for p in final}
+        assert [by_index[i] for i in range(3)] == placement["nodes"], "pods sit where the placement said"
+        assert job_status("big")["placement"]["nodes"] == placement["nodes"]
+        small_nodes = job_status("small")["placement"]["nodes"]
+        assert not set(small_nodes) & set(placement["nodes"]), "the two jobs never share a node's GPUs"
+
+        # No spurious write: with nothing changing, the new leader leaves both jobs as they are.
+        versions = {
+            n: custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, n)["metadata"][
+                "resourceVersion"
+            ]
+            for n in ("big", "small")
+        }
+        time.sleep(2)
+        for name, version in versions.items():
+            obj: Any = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            assert obj["metadata"]["resourceVersion"] == version, f"{name} was written with nothing changed"
+    finally:
+        reviewer.halt.set()
+        reviewer.join(timeout=10)
+        leader.stop()
+        standby.stop()
+        for name in ("big", "small"):
+            try:
+                custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+    assert not reviewer.failures, f"the standby's webhook failed to answer: {reviewer.failures[:5]}"
+    answered_after = [t for t in reviewer.answers if t > killed]
+    assert len(answered_after) >= 10, "the standby's webhook answered all through the failover"
+    gaps = [b - a for a, b in zip(reviewer.answers, reviewer.answers[1:], strict=False)]
+    assert max(gaps) < 3, f"the longest wait between two answers: {max(gaps):.1f}s"
+    print(f"failover (kill -> standby holds the lease): {failover:.1f}s")
