@@ -17,6 +17,7 @@ import json
 import statistics
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
             client.CustomObjectsApi(api),
             client.CoreV1Api(api),
         )
+        custom.delete_collection_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, PLURAL
+        )  # an earlier run's
+        core.delete_collection_namespaced_pod(
+            NAMESPACE, label_selector="verl-operator.io/job", grace_period_seconds=0
+        )
+        run = uuid.uuid4().hex[:4]
         replicas.append(replica())
         wait(lambda: holder(coordination).startswith("op-1_"), "the first replica leads", 30)
         replicas.append(replica())
@@ -115,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             leader = next(op for op in replicas if lead.startswith(f"{op.env['POD_NAME']}_"))
             other = next(op for op in replicas if op is not leader)
             prefix = f"{other.env['POD_NAME']}_"
-            name = f"failover-{i}"
+            name = f"failover-{run}-{i}"
             if args.signal == "kill":
                 leader.kill()
             else:
