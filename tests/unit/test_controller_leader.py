@@ -300,3 +300,32 @@ def test_the_loop_starts_and_stops_at_the_deadline_even_while_a_renew_hangs() ->
     deadline = a.deadline()
     assert deadline is not None
     assert deadline <= events[1][1] < deadline + 0.1, "stopped at the renew deadline, not after the hung call"
+
+
+def test_shutdown_fences_first_and_hands_the_lease_back_after() -> None:
+    store, clock = MemoryLease(), Clock()
+    a = elector(store, clock, "a")
+    assert a.try_acquire_or_renew()
+
+    class Kube:
+        def create(self, manifest: dict[str, str]) -> bool:
+            raise AssertionError("a write passed the fence")
+
+    fenced = FencedKube(Kube(), a.is_leader)
+    a.stop_leading()
+    assert not a.is_leader(), "no write from the moment shutdown begins"
+    with pytest.raises(NotLeading):
+        fenced.create({})
+    assert store.record is not None and store.record.holder == "a", "still held while the passes drain"
+    assert a.release()
+    assert store.record.holder is None
+
+
+def test_release_after_the_deadline_writes_nothing() -> None:
+    store, clock = MemoryLease(), Clock()
+    a = elector(store, clock, "a")
+    assert a.try_acquire_or_renew()
+    writes = store.writes
+    clock.advance(10)
+    assert not a.release(), "past the renew deadline the lease may be another's already"
+    assert store.writes == writes

@@ -367,8 +367,13 @@ async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
 async def stop(**_: Any) -> None:
     """Stop the election and the reconcile loop; a leader then hands its Lease back, so a standby takes over
     at its next retry instead of after the lease's duration (a rollout, a drained node)."""
+    for elector in _ELECTOR:
+        elector.stop_leading()  # from now on the fence refuses every write
     await _cancel(_TASKS)
     await _cancel(_LOOP)
     for elector in _ELECTOR:
-        if await asyncio.get_running_loop().run_in_executor(None, elector.release):
+        # A pass in flight may be inside a write that passed the fence: hand the Lease back only after it.
+        if not await RUNTIME.drain(timeout=elector.timing.renew_deadline):
+            log.warning("reconciles still running at shutdown: the lease is left to expire")
+        elif await asyncio.get_running_loop().run_in_executor(None, elector.release):
             log.info("%s released the lease", elector.identity)

@@ -148,11 +148,20 @@ class LeaderElector:
     # -- the state machine ---------------------------------------------------------------------------------
 
     def is_leader(self, now: float | None = None) -> bool:
-        """True while the last successful acquire or renew began less than the renew deadline ago."""
-        if self.renewed_at is None or self.released:
+        """True while the last successful acquire or renew began less than the renew deadline ago (and
+        :meth:`stop_leading` was not called)."""
+        return not self.released and self._held(now)
+
+    def _held(self, now: float | None = None) -> bool:
+        if self.renewed_at is None:
             return False
         at = self.clock() if now is None else now
         return at - self.renewed_at < self.timing.renew_deadline
+
+    def stop_leading(self) -> None:
+        """Lead no more from now on (shutdown): :meth:`is_leader` is False, so the fence refuses every write;
+        the Lease stays held until :meth:`release` hands it back (after the passes in flight finished)."""
+        self.released = True
 
     def deadline(self) -> float | None:
         """The clock reading at which this replica stops leading unless it renews first."""
@@ -209,7 +218,7 @@ class LeaderElector:
     def release(self) -> bool:
         """Stop leading now and hand the Lease back (an empty holder), so a standby takes over at its next
         retry instead of after the lease's duration. Call after the reconciles stopped; True when released."""
-        was_leader = self.is_leader()
+        was_leader = self._held()
         self.released = True
         if not was_leader or self.observed is None or self.observed.holder != self.identity:
             return False

@@ -108,6 +108,22 @@ class Runtime:
             if self.wakeup is not None:
                 self.wakeup.set()
 
+    async def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the passes still running in the threads of a cancelled
+        :meth:`run`; True when none is left."""
+        if self._previous is None:
+            return True
+        previous = self._previous
+        try:
+            await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(None, previous.shutdown, True), timeout
+            )
+        except TimeoutError:
+            return False
+        if self._previous is previous:
+            self._previous = None
+        return True
+
     async def run(self, reconciler: JobReconciler, resync: float, workers: int = 4) -> None:
         """Process the queue until cancelled (at operator shutdown, or when this replica loses the leader
         Lease: then it runs again once the replica leads again, after the passes still running in the
