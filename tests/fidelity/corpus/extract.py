@@ -189,8 +189,14 @@ def _last(overrides: list[str], key: str) -> str | None:
     return values[-1] if values else None
 
 
+#: The rollout engines a corpus keeps (``--engine``; the main corpus: vLLM, the engines' corpus
+#: ``verl-engine-scripts.json``: SGLang and TensorRT-LLM).
+ENGINES: tuple[str, ...] = ("vllm",)
+
+
 def _exclusion(row: dict[str, Any]) -> str | None:
-    """Why a command is not an FSDP + vLLM launch of verl's own ``ppo_trainer`` config, or None."""
+    """Why a command is not an FSDP launch of verl's own ``ppo_trainer`` config with one of ``ENGINES``, or
+    None."""
     overrides = row["overrides"]
     if "npu" in Path(row["source"]["path"]).stem.lower().split("_"):
         return "an Ascend NPU script"
@@ -202,7 +208,7 @@ def _exclusion(row: dict[str, Any]) -> str | None:
     if strategy not in (None, "fsdp", "fsdp2"):
         return f"actor strategy {strategy}"
     name = _last(overrides, f"{ARR}.rollout.name")
-    if name != "vllm":
+    if name not in ENGINES:
         return f"rollout engine {name or '(unset)'}"
     device = _last(overrides, "trainer.device")
     if device not in (None, "cuda"):
@@ -255,7 +261,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--git-dir", required=True, help="a clone (bare is fine) of volcengine/verl")
     parser.add_argument("--ref", action="append", required=True, help="a tag or commit (repeatable)")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--engine", action="append", help="a rollout engine to keep (repeatable; default vllm)"
+    )
     args = parser.parse_args(argv)
+    global ENGINES
+    ENGINES = tuple(args.engine or ENGINES)
     rows: list[dict[str, Any]] = []
     excluded: list[dict[str, Any]] = []
     for ref in args.ref:
