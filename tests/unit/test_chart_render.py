@@ -581,8 +581,9 @@ def test_two_replicas_elect_a_leader_spread_over_nodes_and_keep_one_through_a_dr
     assert "--leader-elect" in args
     assert f"--leader-election-id={FULLNAME}" in args
     assert f"--leader-election-namespace={NAMESPACE}" in args
-    assert "--leader-election-lease-duration=15" in args
-    assert "--leader-election-renew-deadline=10" in args
+    # Shorter than client-go's 15 s / 10 s: a crashed leader is replaced in under 15 s (docs/benchmarks.md).
+    assert "--leader-election-lease-duration=10" in args
+    assert "--leader-election-renew-deadline=7" in args
     assert "--leader-election-retry-period=2" in args
     lease_role = one(objects, "Role")
     assert lease_role["metadata"] == {**lease_role["metadata"], "name": LEASE_ROLE, "namespace": NAMESPACE}
@@ -610,8 +611,8 @@ def test_lease_values_reach_the_args_and_the_role(helm: str) -> None:
         helm,
         "leaderElection.leaseName=my-lease",
         "leaderElection.namespace=ops",
-        "leaderElection.leaseDuration=10",
-        "leaderElection.renewDeadline=7",
+        "leaderElection.leaseDuration=20",
+        "leaderElection.renewDeadline=12",
         "leaderElection.retryPeriod=1",
         "podAntiAffinity=required",
         "podDisruptionBudget.minAvailable=2",
@@ -621,8 +622,8 @@ def test_lease_values_reach_the_args_and_the_role(helm: str) -> None:
     for arg in (
         "--leader-election-id=my-lease",
         "--leader-election-namespace=ops",
-        "--leader-election-lease-duration=10",
-        "--leader-election-renew-deadline=7",
+        "--leader-election-lease-duration=20",
+        "--leader-election-renew-deadline=12",
         "--leader-election-retry-period=1",
     ):
         assert arg in args
@@ -642,3 +643,29 @@ def test_one_replica_without_election_is_the_single_instance_of_before(helm: str
     assert not [a for a in container(objects)["command"] if a.startswith("--leader")]
     # One replica with election (a standby started by hand, say): no PDB (it would block every drain).
     assert not by_kind(render(helm, "replicaCount=1"), "PodDisruptionBudget")
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        pytest.param(
+            ("leaderElection.renewDeadline=10",),
+            "leaderElection.renewDeadline (10) must be less than leaderElection.leaseDuration (10)",
+            id="deadline-not-below-duration",
+        ),
+        pytest.param(
+            ("leaderElection.retryPeriod=6",),
+            "leaderElection.renewDeadline (7) must be greater than 1.2 x leaderElection.retryPeriod (6)",
+            id="no-renew-fits",
+        ),
+    ],
+)
+def test_election_durations_that_cannot_work_fail_with_the_reason(
+    helm: str, sets: tuple[str, ...], message: str
+) -> None:
+    argv = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION]
+    for s in sets:
+        argv += ["--set", s]
+    proc = run_helm(helm, *argv)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr

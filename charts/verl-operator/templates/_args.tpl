@@ -28,6 +28,13 @@ settings. The webhook configuration object is owned by the chart, so the operato
 {{- end }}
 {{- /* Only the holder of the Lease reconciles; every replica serves the webhook. */}}
 {{- if .Values.leaderElection.enabled }}
+{{- $le := .Values.leaderElection }}
+{{- if ge (float64 $le.renewDeadline) (float64 $le.leaseDuration) }}
+{{- fail (printf "leaderElection.renewDeadline (%v) must be less than leaderElection.leaseDuration (%v): a leader must stop before a standby can take over" $le.renewDeadline $le.leaseDuration) }}
+{{- end }}
+{{- if le (float64 $le.renewDeadline) (mulf 1.2 (float64 $le.retryPeriod)) }}
+{{- fail (printf "leaderElection.renewDeadline (%v) must be greater than 1.2 x leaderElection.retryPeriod (%v): at least one renew must fit in the deadline" $le.renewDeadline $le.retryPeriod) }}
+{{- end }}
 - --leader-elect
 - {{ printf "--leader-election-id=%s" (include "verl-operator.leaseName" .) | quote }}
 - {{ printf "--leader-election-namespace=%s" (include "verl-operator.leaseNamespace" .) | quote }}
