@@ -224,7 +224,9 @@ class VerlRunner:
         self.close()
 
 
-def config_keys(env: VerlEnv, timeout_s: float = 300) -> tuple[str, list[str]]:
-    """``(verl version, every key path of its ppo_trainer config)`` from ``verl_runner.py --keys`` in ``env``."""
-    data = _run_once(env, ["--keys"], None, timeout_s)
+def config_keys(
+    env: VerlEnv, timeout_s: float = 300, config_name: str = "ppo_trainer"
+) -> tuple[str, list[str]]:
+    """``(verl version, every key path of its config_name config)`` from ``verl_runner.py --keys`` in ``env``."""
+    data = _run_once(env, ["--keys", config_name], None, timeout_s)
     return str(data["verlVersion"]), list(data["keys"])

@@ -26,12 +26,18 @@ TARGET = Path(__file__).parents[2] / "operator" / "verl_operator" / "data" / "ve
 def generate() -> dict[str, Any]:
     """The file's content: per VerlJob version line, the release it was read from and its keys."""
     out: dict[str, Any] = {
-        "about": "Key paths of verl's composed ppo_trainer config per release line; tests/fidelity/verl_keys.py",
+        "about": (
+            "Key paths of verl's composed ppo_trainer (and ppo_megatron_trainer: <line>/megatron) config per "
+            "release line; tests/fidelity/verl_keys.py"
+        ),
         "lines": {},
     }
     for line, release in sorted(RELEASE.items()):
         version, keys = config_keys(ensure_env(release))
         out["lines"][line] = {"release": version, "keys": keys}
+        # The Megatron engine's config (issue 19): planner/megatron.py keys_line.
+        version, keys = config_keys(ensure_env(release), config_name="ppo_megatron_trainer")
+        out["lines"][f"{line}/megatron"] = {"release": version, "keys": keys}
     return out
 
 

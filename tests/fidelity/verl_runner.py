@@ -496,11 +496,11 @@ def _result(request: dict[str, Any], stage: str, error: BaseException) -> dict[s
     }
 
 
-def config_keys(checker: Checker) -> list[str]:
-    """Every key path of verl's composed ``ppo_trainer`` config (nodes and leaves), interpolations unresolved."""
+def config_keys(checker: Checker, config_name: str = "ppo_trainer") -> list[str]:
+    """Every key path of verl's composed ``config_name`` config (nodes and leaves), interpolations unresolved."""
     from omegaconf import OmegaConf
 
-    tree = OmegaConf.to_container(checker._compose_full("ppo_trainer", []), resolve=False)
+    tree = OmegaConf.to_container(checker._compose_full(config_name, []), resolve=False)
     keys: list[str] = []
 
     def walk(node: Any, prefix: str) -> None:
@@ -529,7 +529,11 @@ def main(argv: list[str]) -> int:
         with contextlib.redirect_stdout(sys.stderr):  # verl prints progress; stdout carries only JSON
             checker = Checker(ModelFolders(workdir / "models"))
             if "--keys" in argv:
-                out.write(json.dumps({"verlVersion": checker.version, "keys": config_keys(checker)}) + "\n")
+                name = (
+                    argv[argv.index("--keys") + 1] if len(argv) > argv.index("--keys") + 1 else "ppo_trainer"
+                )
+                keys = config_keys(checker, name)
+                out.write(json.dumps({"verlVersion": checker.version, "keys": keys}) + "\n")
                 return 0
             lines = iter(sys.stdin.readline, "")  # readline: answer each batch as soon as its line arrives
             batches = (
