@@ -302,8 +302,14 @@ def dev_mode(
     install(helm, release, "deployment.enabled=false", f"webhook.url=https://127.0.0.1:{webhook_port}")
     tls_dir = write_webhook_tls(kube, release, tmp_path / "tls")
     kubeconfig = sa_kubeconfig(devcluster, kube, release, tmp_path / "operator.kubeconfig")
+    # As the chart's pods run it: reconciling only while holding the chart's Lease, through the chart's Role.
+    election = (
+        "--leader-elect",
+        f"--leader-election-namespace={release.namespace}",
+        f"--leader-election-id={release.fullname}",
+    )
     operator = start_operator(
-        kubeconfig, webhook_port, tls_dir, tmp_path / "operator.log", "--all-namespaces"
+        kubeconfig, webhook_port, tls_dir, tmp_path / "operator.log", "--all-namespaces", *election
     )
     try:
         yield DevMode(release, operator, kubeconfig)
@@ -429,6 +435,10 @@ def test_operator_with_chart_rbac_runs_an_example_job(
     )
     assert argocd_health(job) == "Healthy"
     assert "Forbidden" not in dev_mode.operator.output()
+    # It reconciled as the holder of the chart's Lease, created and renewed through the chart's Role.
+    rel = dev_mode.release
+    lease = client.CoordinationV1Api(kube).read_namespaced_lease(rel.fullname, rel.namespace)
+    assert lease.spec.holder_identity and lease.spec.lease_duration_seconds == 15
 
 
 def test_the_api_server_calls_the_webhook_through_the_chart(
