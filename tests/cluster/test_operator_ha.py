@@ -22,6 +22,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,15 @@ def review(operator: LocalOperator, namespace: str, job: dict[str, Any]) -> dict
         return dict(json.loads(answer.read())["response"])
 
 
+def webhook_up(operator: LocalOperator, namespace: str) -> bool:
+    """The webhook server answers (it starts a moment after the health endpoint)."""
+    try:
+        review(operator, namespace, make_job("probe-bad", 16, data={"trainBatchSize": 100}))
+    except OSError:
+        return False
+    return True
+
+
 class Reviewer(threading.Thread):
     """Posts a denied and an allowed review to one webhook server, one after the other, until stopped."""
 
@@ -173,6 +183,7 @@ def test_killed_leader_the_standby_takes_over_without_duplicates_and_admission_a
         standby.start()
         assert "verl_operator_leader 0.0" in standby.metrics()
         assert "verl_operator_leader 1.0" in leader.metrics()
+        wait_for(lambda: webhook_up(standby, namespace), "the standby's webhook server", 20, 0.1)
         reviewer.start()
 
         applied = kubectl(["apply", "-n", namespace, "-f", "-"], input=json.dumps(make_job("big", 24)))
@@ -247,3 +258,62 @@ def test_killed_leader_the_standby_takes_over_without_duplicates_and_admission_a
     gaps = [b - a for a, b in zip(reviewer.answers, reviewer.answers[1:], strict=False)]
     assert max(gaps) < 3, f"the longest wait between two answers: {max(gaps):.1f}s"
     print(f"failover (kill -> standby holds the lease): {failover:.1f}s")
+
+
+def test_a_leader_that_loses_the_lease_stops_reconciling_and_resumes_when_it_leads_again(
+    devcluster: DevCluster, dgx: None, kube: client.ApiClient, kubectl: Any, namespace: str, tmp_path: Path
+) -> None:
+    """The Lease taken by another holder (a replica this process cannot see): the operator stops reconciling
+    within its renew deadline, before the other could have taken over; once the other stops renewing it
+    takes the Lease back and reconciles what was created meanwhile. Short durations keep it quick."""
+    custom, coordination = client.CustomObjectsApi(kube), client.CoordinationV1Api(kube)
+    lease = f"ha-{uuid.uuid4().hex[:6]}"
+    operator = LocalOperator(
+        devcluster.kubeconfig,
+        tmp_path,
+        webhook_name=None,
+        env={"POD_NAME": "op-solo"},
+        extra_args=(
+            "--leader-elect",
+            f"--leader-election-namespace={namespace}",
+            f"--leader-election-id={lease}",
+            "--leader-election-lease-duration=4",
+            "--leader-election-renew-deadline=2",
+            "--leader-election-retry-period=0.5",
+        ),
+    )
+
+    def phase(name: str) -> str | None:
+        obj: Any = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        return (obj.get("status") or {}).get("phase")
+
+    try:
+        operator.start()
+        wait_for(lambda: holder(kube, namespace, lease).startswith("op-solo_"), "op-solo leads", 20, 0.1)
+        wait_for(lambda: "verl_operator_leader 1.0" in operator.metrics(), "the leader gauge", 10, 0.1)
+        current = coordination.read_namespaced_lease(lease, namespace)
+        current.spec.holder_identity = "intruder"
+        current.spec.renew_time = datetime.now(UTC)
+        current.spec.lease_transitions = (current.spec.lease_transitions or 0) + 1
+        coordination.replace_namespaced_lease(lease, namespace, current)
+        stolen = time.monotonic()
+        wait_for(lambda: "verl_operator_leader 0.0" in operator.metrics(), "reconciling stops", 5, 0.05)
+        stopped = time.monotonic() - stolen
+        assert stopped < 2 + 1, f"stopped {stopped:.1f}s after the lease was lost (renew deadline 2 s)"
+        applied = kubectl(["apply", "-n", namespace, "-f", "-"], input=json.dumps(make_job("meanwhile", 8)))
+        assert applied.returncode == 0, applied.stderr
+        time.sleep(0.3)
+        assert holder(kube, namespace, lease) == "intruder"
+        assert phase("meanwhile") is None, "a replica without the lease reconciles nothing"
+        wait_for(
+            lambda: holder(kube, namespace, lease).startswith("op-solo_"), "the lease taken back", 10, 0.1
+        )
+        wait_for(lambda: phase("meanwhile") == "Running" or None, "the job Running after the take-back", 30)
+        assert "verl_operator_leader 1.0" in operator.metrics()
+    finally:
+        operator.stop()
+        try:
+            custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "meanwhile")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
