@@ -55,7 +55,7 @@ EXTRA = {
 def skip_reason(row: dict[str, str]) -> str | None:
     if "megatron" in row["strategy"]:
         return "megatron strategy"
-    if row["rollout_name"].strip() != "vllm":
+    if row["rollout_name"].strip() not in ("vllm", "sglang", "trtllm"):  # the engines (issue 20)
         return f"{row['rollout_name']} rollout"
     if "NPU" in row["gpu_type"]:
         return "Ascend NPU"
@@ -86,7 +86,7 @@ def overrides(row: dict[str, str]) -> list[str]:
         else:
             out.append(f"{key}={value}")
     out += [f"trainer.nnodes={row['nnodes']}", f"trainer.n_gpus_per_node={row['n_gpus_per_node']}"]
-    out.append(f"{ARR}.rollout.name=vllm")
+    out.append(f"{ARR}.rollout.name={row['rollout_name'].strip()}")
     return out + EXTRA.get(row["source"].split(":", 1)[1], [])
 
 
@@ -95,6 +95,13 @@ CASES = [
     for row in ROWS
     if skip_reason(row) is None
     for version in ("0.6", "0.9")
+    if not (row["rollout_name"].strip() == "trtllm" and version == "0.6")  # refused below
+]
+#: TensorRT-LLM rows on verl 0.6, which has no trtllm rollout (issue 20).
+TRTLLM_ON_0_6 = [
+    pytest.param(row, id=row["source"].split("examples/")[-1])
+    for row in ROWS
+    if skip_reason(row) is None and row["rollout_name"].strip() == "trtllm"
 ]
 
 
@@ -124,3 +131,23 @@ def test_verl_example_is_accepted(row: dict[str, str], version: str) -> None:
         assert plan.rollout.tensor_parallel_size == int(row["rollout_tp"])
     if row["ppo_mini_batch_size"].strip():
         assert plan.batching.ppo_mini_batch_size == int(row["ppo_mini_batch_size"])
+
+
+@pytest.mark.parametrize("row", TRTLLM_ON_0_6)
+def test_trtllm_example_is_refused_on_0_6(row: dict[str, str]) -> None:
+    nnodes, gpn = int(row["nnodes"]), int(row["n_gpus_per_node"])
+    product, memory = hardware(row)
+    spec = make_spec(
+        nnodes * gpn,
+        model=row["model"].split(" ")[0],
+        verl={"image": "x", "version": "0.6"},
+        overrides=overrides(row),
+    )
+    result = plan_job(spec, make_nodes(nnodes, gpn, product, memory))
+    assert {v.rule for v in result.violations} == {"rollout-engine-mode"}
+
+
+def test_golden_table_has_every_engine() -> None:
+    engines = {row.values[0]["rollout_name"].strip() for row in CASES}
+    assert engines == {"vllm", "sglang", "trtllm"}
+    assert TRTLLM_ON_0_6

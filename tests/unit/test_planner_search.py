@@ -349,7 +349,7 @@ def test_mini_batch_without_a_fitting_divisor_pads() -> None:
         pytest.param(
             "actor_rollout_ref.rollout.expert_parallel_size=2", "rollout-expert-parallel", id="ep-dense"
         ),
-        pytest.param("actor_rollout_ref.rollout.name=sglang", "rollout-name", id="sglang"),
+        pytest.param("actor_rollout_ref.rollout.name=hf", "rollout-name", id="hf-engine"),
         pytest.param("data.train_batch_size=${oc.env:BATCH}", "override-type", id="interpolation"),
         pytest.param("~data.train_batch_size", "override-delete-owned", id="delete-owned"),
     ],

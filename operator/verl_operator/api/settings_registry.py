@@ -270,7 +270,14 @@ SETTINGS = Registry(
             bounds=_int(1, L.MAX_GPUS_PER_NODE),
             plan="gpusPerNode",
         ),
-        _row("rollout_name", "str", "The rollout engine (vllm only).", f"{ARR}.rollout.name"),
+        _row(
+            "rollout_name",
+            "str",
+            "Rollout engine (actor_rollout_ref.rollout.name): vllm (the default), sglang, or trtllm (verl 0.9 "
+            "only).",
+            f"{ARR}.rollout.name",
+            spec="rollout.name",
+        ),
         _row(
             "rollout_mode",
             "str",
@@ -594,6 +601,58 @@ SETTINGS = Registry(
             "critic.ulysses_sequence_parallel_size",
             "critic.model.fsdp_config.ulysses_sequence_parallel_size",
             bounds=_int(1, L.MAX_PARALLEL),
+        ),
+        # -- rollout engines and the multi-turn agent loop (issue 20): read for the engine rules, passed through.
+        _read(
+            "multi_turn_enable",
+            "bool",
+            "The multi-turn rollout (tool calls, interactions) of the SGLang SPMD rollout or the agent loop.",
+            f"{ARR}.rollout.multi_turn.enable",
+        ),
+        _read(
+            "multi_turn_tool_config_path",
+            "str",
+            "The tools' YAML of the multi-turn rollout.",
+            f"{ARR}.rollout.multi_turn.tool_config_path",
+        ),
+        _read(
+            "multi_turn_max_assistant_turns",
+            "int",
+            "Most assistant turns per trajectory (verl: max_model_len // 3 when unset).",
+            f"{ARR}.rollout.multi_turn.max_assistant_turns",
+            bounds=_int(1, L.MAX_TOKENS),
+        ),
+        _read(
+            "multi_turn_max_tool_response_length",
+            "int",
+            "Tokens of one tool response the agent loop keeps (256 by default).",
+            f"{ARR}.rollout.multi_turn.max_tool_response_length",
+            bounds=_int(1, L.MAX_TOKENS),
+        ),
+        _read(
+            "agent_default_agent_loop",
+            "str",
+            "The agent loop of a sample without an agent_name (single_turn_agent by default).",
+            f"{ARR}.rollout.agent.default_agent_loop",
+        ),
+        _read(
+            "rollout_moe_tp",
+            "int",
+            "TensorRT-LLM's MoE tensor parallel size (verl 0.9, trtllm only).",
+            f"{ARR}.rollout.moe_tensor_parallel_size",
+            bounds=_int(0, L.MAX_PARALLEL),
+        ),
+        _read(
+            "rollout_disaggregation",
+            "bool",
+            "Prefill/decode disaggregation of the rollout servers (verl 0.9, sglang or vllm only).",
+            f"{ARR}.rollout.disaggregation.enabled",
+        ),
+        _read(
+            "skip_tokenizer_init",
+            "bool",
+            "The rollout engine skips its tokenizer init (SGLang, vLLM servers).",
+            f"{ARR}.rollout.skip_tokenizer_init",
         ),
     ]
 )

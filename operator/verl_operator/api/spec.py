@@ -281,9 +281,8 @@ class ResourcesSpec(ApiModel):
 
 
 class RolloutSpec(ApiModel):
-    name: Literal["vllm"] = Field(
-        default="vllm", description="Rollout engine (actor_rollout_ref.rollout.name)."
-    )
+    # Rollout engines (issue 20): vllm, sglang (both lines), trtllm (verl 0.9 only).
+    name: Literal["vllm", "sglang", "trtllm"] | None = SETTINGS.field("rollout_name", default=None)
     mode: Literal["spmd", "server"] | None = Field(
         default=None,
         description="spmd (verl <= 0.6, rollout.mode=sync) or server (verl >= 0.7); defaults to the version's.",

@@ -60,6 +60,8 @@ class Emitted:
     rollout_mode: str = ""
     critic_model_path: str | None = None
     dtype: str = "bfloat16"
+    #: The rollout engine: vllm, sglang or trtllm (issue 20).
+    rollout_name: str = "vllm"
 
 
 def emit(planned: Emitted, passthrough: Sequence[Override], registry: Registry = SETTINGS) -> list[str]:
@@ -108,7 +110,7 @@ def values(planned: Emitted) -> dict[str, Any]:
     out.update({f.name: getattr(st, f.name) for f in fields(st)})
     # Special cases:
     out["n_gpus_per_node"] = st.gpus_per_node  # the chosen layout's name for it
-    out["rollout_name"] = "vllm"  # the only engine the planner models
+    out["rollout_name"] = planned.rollout_name  # the chosen engine (planner/rules_engines.py)
     out["rollout_mode"] = planned.rollout_mode or rollout_mode_value(planned.version)
     out["critic_dynamic_batch_size"] = st.dynamic_batch_size  # verl needs the critic's equal to the actor's
     # verl's default names ~/models/deepseek-llm-7b-chat: a critic without a path fails to build.

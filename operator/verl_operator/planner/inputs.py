@@ -86,6 +86,9 @@ class Problem:
     #: node, the only way to be sure it holds whole domains).
     partial_domain_nodes: int = 0
     whole_node_fits: int = 0
+    # -- rollout engines (issue 20): the engine and TensorRT-LLM's MoE TP (planner/rules_engines.py).
+    rollout_name: str = "vllm"
+    rollout_moe_tp: int | None = None
 
     @property
     def mode(self) -> str:
@@ -99,7 +102,10 @@ class Problem:
 
     @property
     def model_len(self) -> int:
-        """vLLM's ``max_model_len``: pinned, else prompt + response (what the planner emits)."""
+        """The rollout's ``max_model_len``: pinned, else prompt + response (what the planner emits). verl 0.6's
+        SGLang async server sets prompt + response whatever is pinned (``async_sglang_server.py`` line 83)."""
+        if self.rollout_name == "sglang" and self.version == "0.6" and not self.spmd_rollout:
+            return self.seq_len
         return self.max_model_len if self.max_model_len is not None else self.seq_len
 
     @property

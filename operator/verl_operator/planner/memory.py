@@ -65,6 +65,10 @@ class MemoryInputs:
     max_num_seqs: int
     critic_params: float | None = None
     entropy: bool = False
+    #: The rollout engine (issue 20): vLLM's and SGLang's ``gpu_memory_utilization`` is a fraction of the GPU's
+    #: total memory (SGLang's ``mem_fraction_static``); TensorRT-LLM's a fraction of the memory free after its
+    #: weights (``free_gpu_memory_fraction``, verl 0.9.1 ``trtllm_async_server.py`` line 202).
+    rollout_name: str = "vllm"
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,8 @@ def estimate(m: MemoryInputs) -> Estimate:
     Args:
         m: The inputs.
     """
+    if m.rollout_name == "trtllm":
+        return _trtllm_estimate(m)
     budget = m.gpu_memory_utilization * m.gpu_memory_bytes
     rollout = Phase(
         exact={"vllmBudget": budget},
@@ -157,6 +163,30 @@ def estimate(m: MemoryInputs) -> Estimate:
         log_prob=_log_prob_phase(m),
         kv_cache_bytes=kv,
         kv_cache_tokens=kv_tokens,
+    )
+
+
+def _trtllm_free_bytes(m: MemoryInputs) -> float:
+    """What TensorRT-LLM finds free once its weights are loaded beside the resident training state."""
+    resident = sum(resident_state(m).values()) + CUDA_RESERVE_BYTES
+    return m.gpu_memory_bytes - resident - 2 * m.params / m.rollout_tp
+
+
+def _trtllm_estimate(m: MemoryInputs) -> Estimate:
+    """TensorRT-LLM: weights plus ``gmu x`` the memory free after them, all of it KV cache."""
+    weights = 2 * m.params / m.rollout_tp
+    kv = m.gpu_memory_utilization * max(_trtllm_free_bytes(m), 0.0)
+    rollout = Phase(
+        exact={"trtllmWeights": weights, "trtllmKvCache": kv},
+        estimated={**resident_state(m), "cudaReserve": CUDA_RESERVE_BYTES},
+    )
+    per_token = kv_bytes_per_token(m.shape, m.rollout_tp)
+    return Estimate(
+        rollout=rollout,
+        train=_train_phase(m),
+        log_prob=_log_prob_phase(m),
+        kv_cache_bytes=kv,
+        kv_cache_tokens=int(kv // per_token) if kv > 0 and per_token > 0 else 0,
     )
 
 
@@ -235,5 +265,9 @@ def max_gpu_memory_utilization(m: MemoryInputs, cap: float = 0.9, step: float = 
     resident = sum(resident_state(m).values()) + CUDA_RESERVE_BYTES
     free = m.gpu_memory_bytes - SAFETY_FACTOR * resident
     raw = free / m.gpu_memory_bytes
+    if m.rollout_name == "trtllm":  # peak = W + g (M - R - W) + 1.1 R <= M
+        weights = 2 * m.params / m.rollout_tp
+        after = _trtllm_free_bytes(m)
+        raw = (free - weights) / after if after > 0 else 0.0
     steps = int((min(raw, cap) + 1e-9) / step)
     return round(steps * step, 2) if steps > 0 else 0.0

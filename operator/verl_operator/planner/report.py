@@ -136,12 +136,14 @@ def _emitted(p: Problem, s: Settings, adv: str, model_path: str) -> dialect.Emit
         rollout_mode=p.mode,
         critic_model_path=p.critic_model_path,
         dtype=p.dtype,
+        rollout_name=p.rollout_name,
     )
 
 
 def _rollout_plan(p: Problem, mesh: Mesh, est: Estimate) -> RolloutPlan:
     return RolloutPlan(
         mode=p.mode,
+        name=p.rollout_name,
         tensor_parallel_size=mesh.rollout_tp,
         replicas=mesh.rollout_replicas,
         prompts_per_replica=round(mesh.prompts_per_replica, 2),

@@ -10,7 +10,7 @@ from typing import Any
 from verl_operator.api.plan import Violation
 from verl_operator.api.settings_registry import SETTINGS
 from verl_operator.api.spec import ModelShape, VerlJobSpec
-from verl_operator.planner import catalog, dialect, verl_keys
+from verl_operator.planner import catalog, dialect, rules_engines, verl_keys
 from verl_operator.planner.inputs import Fixed, Problem, merge_pins
 from verl_operator.planner.overrides import Override, Pinned, parse_overrides, read_owned
 from verl_operator.planner.reader import Reader as _Reader
@@ -79,6 +79,9 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         return [*violations, model]
     mode, vs = _rollout_mode(spec, pins)
     violations += vs + _unsupported(r)
+    engine, vs, engine_warnings = rules_engines.resolve_engine(spec.verl.version, mode, r)  # issue 20
+    violations += vs
+    warnings += engine_warnings
     adv = r.get_str("adv_estimator") or ("gae" if spec.algorithm.value == "ppo" else spec.algorithm.value)
     critic_enable = r.get_bool("critic_enable", reads=True)
     needs_critic = critic_enable if critic_enable is not None else adv == "gae"
@@ -94,7 +97,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
     violations += vs + r.violations
     if violations:
         return violations
-    problem = _problem(spec, r, model, critic, mode, needs_critic)
+    problem = _problem(spec, r, model, critic, mode, needs_critic, engine)
     if r.violations:
         return r.violations
     if vs := _mean_lengths(problem):
@@ -191,18 +194,9 @@ def _rollout_mode(spec: VerlJobSpec, pins: Mapping[str, Pinned]) -> tuple[str, l
 
 
 def _unsupported(r: _Reader) -> list[Violation]:
-    """Settings the planner does not model: another engine or strategy, rollout pipeline or data parallelism."""
+    """Settings the planner does not model: another strategy, rollout pipeline or data parallelism (the
+    engine: ``rules_engines.resolve_engine``)."""
     out: list[Violation] = []
-    name_pin = r.pins.get("rollout_name")
-    if name_pin is not None and name_pin.value != "vllm":
-        out.append(
-            Violation(
-                field=name_pin.source,
-                rule="rollout-name",
-                message=f"rollout engine {name_pin.value!r} is not supported; the planner models vLLM",
-                suggestions=["use actor_rollout_ref.rollout.name=vllm"],
-            )
-        )
     for key in ("actor_strategy", "critic_strategy"):
         strat = r.get_str(key, reads=True)
         if strat is not None and strat not in ("fsdp", "fsdp2"):
@@ -232,7 +226,7 @@ UNSUPPORTED_ROLLOUT = (
     (
         "rollout_pp",
         "pipeline_model_parallel_size",
-        "verl's vLLM rollout does not implement pipeline parallelism",
+        "verl's vLLM, SGLang and TensorRT-LLM rollouts do not implement pipeline parallelism",
     ),
     (
         "rollout_dp",
@@ -304,7 +298,13 @@ def _resources(spec: VerlJobSpec, r: _Reader) -> tuple[int | None, list[Violatio
 
 # -- the problem ---------------------------------------------------------------------------------------------------
 def _problem(
-    spec: VerlJobSpec, r: _Reader, model: ModelFacts, critic: ModelFacts | None, mode: str, needs_critic: bool
+    spec: VerlJobSpec,
+    r: _Reader,
+    model: ModelFacts,
+    critic: ModelFacts | None,
+    mode: str,
+    needs_critic: bool,
+    engine: str = "vllm",
 ) -> Problem:
     """The facts the search holds fixed (memory and topology are filled in per node pool)."""
     max_prompt = r.get_int("max_prompt_length") or spec.data.max_prompt_length
@@ -341,6 +341,8 @@ def _problem(
         chunked_prefill=r.get_bool("enable_chunked_prefill", reads=True) is not False,
         critic_sequence_parallel_size=r.get_int("critic_sequence_parallel_size", reads=True) or 1,
         rollout_mode=mode,
+        rollout_name=engine,
+        rollout_moe_tp=r.get_int("rollout_moe_tp", reads=True),
         critic_params=critic.params if critic is not None else None,
         critic_model_path=critic.path if critic is not None else None,
         mean_prompt_length=spec.data.mean_prompt_length,

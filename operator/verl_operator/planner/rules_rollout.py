@@ -117,20 +117,23 @@ def _partial_domains(p: Problem, mesh: Mesh) -> list[Violation]:
 
 
 def max_model_len(p: Problem, mesh: Mesh) -> list[Violation]:
-    """Rule 20: the rollout's max model length fits the model's ``max_position_embeddings``."""
-    length = p.max_model_len if p.max_model_len is not None else p.seq_len
+    """Rule 20: the rollout's max model length fits the model's ``max_position_embeddings``. verl 0.6's SGLang
+    rollouts compare prompt + response, not a pinned ``max_model_len`` (``sglang_rollout.py`` lines 368-395; the
+    async server replaces it, ``async_sglang_server.py`` line 83)."""
+    pinned = p.max_model_len if not (p.rollout_name == "sglang" and p.version == "0.6") else None
+    length = pinned if pinned is not None else p.seq_len
     limit = p.max_positions
     if length <= limit:
         return []
-    name = "max_model_len" if p.max_model_len is not None else "max_response_length"
+    name = "max_model_len" if pinned is not None else "max_response_length"
     return [
         Violation(
             field=_field(p, name),
             rule="max-model-len",
             message=(
                 f"prompt {p.max_prompt_length} + response {p.max_response_length} = {p.seq_len} tokens"
-                if p.max_model_len is None
-                else f"max_model_len {p.max_model_len}"
+                if pinned is None
+                else f"max_model_len {pinned}"
             )
             + f" exceeds the model's max_position_embeddings {limit}",
             suggestions=[f"keep maxPromptLength + maxResponseLength <= {limit}"],
@@ -139,8 +142,14 @@ def max_model_len(p: Problem, mesh: Mesh) -> list[Violation]:
 
 
 def batched_tokens_cover_model_len(p: Problem, mesh: Mesh) -> list[Violation]:
-    """verl 0.6 SPMD rollout: with chunked prefill, ``max_num_batched_tokens >= max_model_len``."""
-    if not p.spmd_rollout or not p.chunked_prefill or p.max_num_batched_tokens >= p.model_len:
+    """verl 0.6 SPMD vLLM rollout: with chunked prefill, ``max_num_batched_tokens >= max_model_len`` (SGLang's
+    SPMD rollout does not pass ``max_num_batched_tokens`` to its engine)."""
+    if (
+        p.rollout_name != "vllm"
+        or not p.spmd_rollout
+        or not p.chunked_prefill
+        or p.max_num_batched_tokens >= p.model_len
+    ):
         return []
     return [
         Violation(
@@ -157,9 +166,10 @@ def batched_tokens_cover_model_len(p: Problem, mesh: Mesh) -> list[Violation]:
 
 
 def rollout_expert_parallel(p: Problem, mesh: Mesh) -> list[Violation]:
-    """Rule 15: rollout expert parallelism > 1 must equal rollout TP x rollout DP (DP is 1 here)."""
+    """Rule 15: rollout expert parallelism > 1 must equal rollout TP x rollout DP (DP is 1 here); not for
+    TensorRT-LLM (0.9.1 ``workers/config/rollout.py`` line 294; ``rules_engines.trtllm_moe_split``)."""
     ep = p.rollout_ep
-    if ep is None or ep <= 1 or ep == mesh.rollout_tp:
+    if p.rollout_name == "trtllm" or ep is None or ep <= 1 or ep == mesh.rollout_tp:
         return []
     return [
         Violation(
