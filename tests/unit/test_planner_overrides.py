@@ -247,7 +247,10 @@ DENIALS = [
         id="replace-inside-dict",
     ),
     pytest.param(
-        "critic=megatron_critic", "override-replace-owned", ["critic.model.path"], id="group-choice"
+        "critic=megatron_critic",
+        "override-replace-owned",
+        ["replaces critic, which holds critic."],
+        id="group-choice",
     ),
     pytest.param("trainer.nnodes.x=1", "override-inside-owned", ["inside trainer.nnodes"], id="below-a-leaf"),
     pytest.param("trainer={nnodes:{x:1}}", "override-inside-owned", ["trainer.nnodes.x"], id="below-in-dict"),

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from conftest import make_problem, make_settings
 from test_planner_engines import ENGINE_CASES
+from test_planner_megatron import MEGATRON_CASES
 
 from verl_operator.api.plan import Violation
 from verl_operator.planner import arith, rules, rules_critic, rules_rollout
@@ -297,7 +298,7 @@ def test_rule(rule: rules.Rule, pkw: dict[str, Any], skw: dict[str, Any], expect
 
 
 def test_every_rule_has_a_table_case() -> None:
-    covered = {c.values[0] for c in [*CASES, *ENGINE_CASES]}
+    covered = {c.values[0] for c in [*CASES, *ENGINE_CASES, *MEGATRON_CASES]}
     assert set(rules.RULES) <= covered
 
 

@@ -175,10 +175,10 @@ def test_excluded_nodes_are_reported() -> None:
             id="sync-on-0.9",
         ),
         pytest.param(
-            {"gpus": 8, "overrides": ["actor_rollout_ref.actor.strategy=megatron"]},
+            {"gpus": 8, "overrides": ["actor_rollout_ref.actor.strategy=deepspeed"]},
             make_nodes(1),
             "strategy",
-            id="megatron",
+            id="unknown-strategy",
         ),
         pytest.param(
             {"gpus": 8, "overrides": ["trainer.nnodes=2", "trainer.n_gpus_per_node=8"]},

@@ -158,6 +158,21 @@ class NodePoolPlan(ApiModel):
     )
 
 
+class TrainingPlan(ApiModel):
+    """The training engine and, for Megatron, its parallel mesh (issue 19)."""
+
+    engine: str = Field(description="fsdp or megatron (verl's ppo_megatron_trainer config).")
+    tensor_parallel_size: int = Field(default=1, description="Megatron TP (inside one NVLink domain).")
+    pipeline_parallel_size: int = Field(default=1, description="Megatron PP.")
+    virtual_pipeline_parallel_size: int | None = Field(default=None, description="Megatron VPP (none: null).")
+    context_parallel_size: int = Field(default=1, description="Megatron CP.")
+    expert_parallel_size: int = Field(default=1, description="Megatron EP.")
+    expert_tensor_parallel_size: int | None = Field(default=None, description="Megatron ETP (null: TP).")
+    data_parallel_size: int = Field(
+        description="world / (TP x PP x CP) for Megatron; the actor's DP for FSDP."
+    )
+
+
 class Plan(ApiModel):
     """A complete, valid layout of the job on the cluster's GPUs."""
 
@@ -195,6 +210,10 @@ class Plan(ApiModel):
     padding: PaddingPlan = Field(description="Padding the trainer adds per step.")
     node_pool: NodePoolPlan = Field(description="The node group the plan is for.")
     overrides: list[str] = Field(description="The full verl override list.")
+    training: TrainingPlan | None = Field(
+        default=None,
+        description="The training engine and its mesh (null: FSDP, or plans of earlier releases).",
+    )
 
 
 class PlanResult(ApiModel):

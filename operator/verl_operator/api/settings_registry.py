@@ -202,6 +202,89 @@ def _int(low: int, high: int) -> Bounds:
     return Bounds(low, high)
 
 
+# -- the Megatron engine (issue 19) -----------------------------------------------------------------------
+#: The Megatron parallel sizes: ``(setting, McoreEngineConfig field, spec field under parallelism.megatron)``.
+#: Both release lines spell them the same (0.6.1 and 0.9.1 ``trainer/config/engine/megatron.yaml``,
+#: ``workers/config/engine.py`` ``McoreEngineConfig``); the actor's, the ref's and the critic's copies are one
+#: setting (verl 0.6.1 ``workers/megatron_workers.py`` lines 210-219 initialise megatron-core's groups once per
+#: process from the actor's values, so a colocated ref or critic with other sizes would be ignored).
+MEGATRON_SIZES: tuple[tuple[str, str, str], ...] = (
+    ("megatron_tp", "tensor_model_parallel_size", "tensorParallelSize"),
+    ("megatron_pp", "pipeline_model_parallel_size", "pipelineParallelSize"),
+    ("megatron_vpp", "virtual_pipeline_model_parallel_size", "virtualPipelineParallelSize"),
+    ("megatron_cp", "context_parallel_size", "contextParallelSize"),
+    ("megatron_ep", "expert_model_parallel_size", "expertParallelSize"),
+    ("megatron_etp", "expert_tensor_parallel_size", "expertTensorParallelSize"),
+)
+_MEGATRON_DESCRIPTIONS = {
+    "megatron_tp": "Megatron tensor parallel size of actor, ref and critic (a group inside one NVLink domain).",
+    "megatron_pp": "Megatron pipeline parallel size (the layers divide by it).",
+    "megatron_vpp": "Megatron virtual pipeline stages per pipeline rank (none unless set; needs PP > 1).",
+    "megatron_cp": "Megatron context parallel size (long sequences).",
+    "megatron_ep": "Megatron expert parallel size (mixture-of-experts models; the experts divide by it).",
+    "megatron_etp": "Megatron expert tensor parallel size (the tensor parallel size unless set).",
+}
+MEGATRON_ROWS: tuple[SettingRow, ...] = (
+    # Read from spec.parallelism.engine, actor.strategy / critic.strategy (their rows) and the
+    # ``--config-name ppo_megatron_trainer`` of a pasted script; carried to the launcher as the config name.
+    _row(
+        "training_engine",
+        "str",
+        "The training engine: fsdp (default) or megatron (verl's ppo_megatron_trainer config).",
+        spec="parallelism.engine",
+        emit=False,
+        plan="training.engine",
+    ),
+    *(
+        _row(
+            name,
+            "int",
+            _MEGATRON_DESCRIPTIONS[name],
+            f"{ARR}.actor.megatron.{key}",
+            f"{ARR}.ref.megatron.{key}",
+            f"critic.megatron.{key}",
+            spec=f"parallelism.megatron.{wire}",
+            bounds=_int(1, L.MAX_PARALLEL),
+            emits=(f"{ARR}.actor.megatron.{key}", f"{ARR}.ref.megatron.{key}"),
+            plan=f"training.{wire}",
+        )
+        for name, key, wire in MEGATRON_SIZES
+    ),
+    # The critic's copies, emitted only for a job with a critic (their keys pin the settings above).
+    *(
+        SettingRow(
+            name=f"critic_{name}",
+            kind="int",
+            description=f"The critic's copy of {name}.",
+            emits=(f"critic.megatron.{key}",),
+            bounds=_int(1, L.MAX_PARALLEL),
+        )
+        for name, key, _ in MEGATRON_SIZES
+    ),
+    _row(
+        "megatron_sequence_parallel",
+        "bool",
+        "Megatron sequence parallelism (on by default; verl turns it off at TP 1).",
+        f"{ARR}.actor.megatron.sequence_parallel",
+        f"{ARR}.ref.megatron.sequence_parallel",
+        "critic.megatron.sequence_parallel",
+        emit=False,
+    ),
+    _row(
+        "megatron_param_offload",
+        "bool",
+        "The actor's Megatron parameter offload (spec.offload.params with the megatron engine).",
+        f"{ARR}.actor.megatron.param_offload",
+    ),
+    _row(
+        "megatron_optimizer_offload",
+        "bool",
+        "The actor's Megatron optimizer offload (spec.offload.optimizer with the megatron engine).",
+        f"{ARR}.actor.megatron.optimizer_offload",
+    ),
+)
+
+
 #: Every setting. Owned rows come first, in the order the planner emits their keys.
 SETTINGS = Registry(
     [
@@ -654,5 +737,7 @@ SETTINGS = Registry(
             "The rollout engine skips its tokenizer init (SGLang, vLLM servers).",
             f"{ARR}.rollout.skip_tokenizer_init",
         ),
+        # -- the Megatron engine (issue 19; planner/megatron.py) ---------------------------------------------
+        *MEGATRON_ROWS,
     ]
 )

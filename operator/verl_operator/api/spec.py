@@ -292,9 +292,23 @@ class RolloutSpec(ApiModel):
     gpu_memory_utilization: float | None = SETTINGS.field("gpu_memory_utilization", default=None)
 
 
+class MegatronSpec(ApiModel):
+    """The Megatron engine's parallel sizes (issue 19): the planner chooses those left out."""
+
+    tensor_parallel_size: int | None = SETTINGS.field("megatron_tp", default=None)
+    pipeline_parallel_size: int | None = SETTINGS.field("megatron_pp", default=None)
+    virtual_pipeline_parallel_size: int | None = SETTINGS.field("megatron_vpp", default=None)
+    context_parallel_size: int | None = SETTINGS.field("megatron_cp", default=None)
+    expert_parallel_size: int | None = SETTINGS.field("megatron_ep", default=None)
+    expert_tensor_parallel_size: int | None = SETTINGS.field("megatron_etp", default=None)
+
+
 class ParallelismSpec(ApiModel):
     sequence_parallel_size: int | None = SETTINGS.field("sequence_parallel_size", default=None)
     fsdp_size: int | None = SETTINGS.field("fsdp_size", default=None)
+    # -- the Megatron engine (issue 19) --
+    engine: Literal["fsdp", "megatron"] | None = SETTINGS.field("training_engine", default=None)
+    megatron: MegatronSpec | None = Field(default=None, description=MegatronSpec.__doc__)
 
 
 class BatchingSpec(ApiModel):

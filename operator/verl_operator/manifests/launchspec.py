@@ -30,6 +30,17 @@ LAUNCHER_IN_OPERATOR_IMAGE = "/opt/verl-operator/share/verl-launcher.pyz"
 LAUNCHER_DIR = "/opt/verl-launcher"
 LAUNCHER_PYZ = f"{LAUNCHER_DIR}/verl-launcher.pyz"
 ENTRYPOINT = ("python3", "-m", "verl.trainer.main_ppo")
+#: verl's Hydra config of the Megatron engine (issue 19; the FSDP jobs use main_ppo's default, ppo_trainer).
+MEGATRON_CONFIG_NAME = "ppo_megatron_trainer"
+
+
+def entrypoint(training_engine: str) -> tuple[str, ...]:
+    """verl's command: ``ENTRYPOINT``, with ``--config-name=ppo_megatron_trainer`` for the Megatron engine."""
+    if training_engine == "megatron":
+        return (*ENTRYPOINT, f"--config-name={MEGATRON_CONFIG_NAME}")
+    return ENTRYPOINT
+
+
 #: Pod network interface of a standard Kubernetes pod; NCCL and Gloo otherwise may pick a wrong one
 #: (verl issues #967, #597).
 DEFAULT_NETWORK_ENV = {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
@@ -71,6 +82,8 @@ class LaunchPlan:
     product_selector: tuple[tuple[str, str], ...] = ()
     nodes: tuple[str, ...] = ()
     launcher_image: str | None = None
+    #: The training engine (``Plan.training``; issue 19): ``megatron`` runs verl's ppo_megatron_trainer config.
+    training_engine: str = "fsdp"
 
     @classmethod
     def from_plan(
@@ -96,6 +109,7 @@ class LaunchPlan:
             product_selector=tuple(sorted(pool.product_selector.items())),
             nodes=tuple(nodes),
             launcher_image=launcher_image,
+            training_engine=plan.training.engine if plan.training is not None else "fsdp",
         )
 
     @property
@@ -149,7 +163,7 @@ def build_launch_spec(job: Mapping[str, Any], spec: VerlJobSpec, plan: LaunchPla
         head=HeadAddress(
             host=ChildNames(name, namespace).head_host, port=RAY_GCS_PORT, dashboard_port=RAY_DASHBOARD_PORT
         ),
-        entrypoint=ENTRYPOINT,
+        entrypoint=entrypoint(plan.training_engine),
         overrides=plan.overrides,
         env=dict(DEFAULT_NETWORK_ENV),
         expect=Expect(

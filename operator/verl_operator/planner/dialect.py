@@ -115,6 +115,7 @@ def values(planned: Emitted) -> dict[str, Any]:
     out["critic_dynamic_batch_size"] = st.dynamic_batch_size  # verl needs the critic's equal to the actor's
     # verl's default names ~/models/deepseek-llm-7b-chat: a critic without a path fails to build.
     out["critic_model_path"] = planned.critic_model_path or planned.model_path
+    _training_engine_values(out, st, planned.critic)  # issue 19
     for name in ("train_files", "val_files"):  # as the user wrote them, when the user named any
         if out[name] is None:
             del out[name]
@@ -143,3 +144,29 @@ def dtype_keys(planned: Emitted) -> list[tuple[str, Any]]:
     if planned.critic:  # 0.9 only: the planner refuses float16 with a 0.6 critic (planner/job.py)
         out.append(("critic.fsdp.dtype", "float16"))
     return out
+
+
+def _training_engine_values(out: dict[str, Any], st: Settings, critic: bool) -> None:
+    """The Megatron engine (issue 19): its keys for a Megatron job (the critic's copies with a critic, VPP and
+    ETP only when set), none of FSDP's; for an FSDP job none of Megatron's."""
+    from verl_operator.api.settings_registry import MEGATRON_SIZES
+    from verl_operator.planner.megatron import FSDP_ONLY_SETTINGS, MEGATRON_SETTINGS
+
+    names = [name for name, _, _ in MEGATRON_SIZES]
+    if st.training_engine != "megatron":
+        for name in [*MEGATRON_SETTINGS, *(f"critic_{n}" for n in names)]:
+            out.pop(name, None)
+        return
+    for name in FSDP_ONLY_SETTINGS:
+        out.pop(name, None)
+    out["megatron_param_offload"] = st.param_offload
+    out["megatron_optimizer_offload"] = st.optimizer_offload
+    for name in names:
+        out[f"critic_{name}"] = out[name]
+    for name in ("megatron_vpp", "megatron_etp"):
+        if out[name] is None:
+            out.pop(name)
+            out.pop(f"critic_{name}")
+    if not critic:
+        for name in names:
+            out.pop(f"critic_{name}", None)

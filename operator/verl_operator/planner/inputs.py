@@ -36,6 +36,14 @@ class Settings:
     param_offload: bool
     optimizer_offload: bool
     critic_ppo_micro_batch_size_per_gpu: int | None = None
+    # -- the Megatron engine (issue 19; planner/megatron.py): TP x PP x CP model-parallel ranks per replica --
+    training_engine: str = "fsdp"
+    megatron_tp: int = 1
+    megatron_pp: int = 1
+    megatron_vpp: int | None = None
+    megatron_cp: int = 1
+    megatron_ep: int = 1
+    megatron_etp: int | None = None
 
     @property
     def trajectories(self) -> int:
@@ -89,6 +97,9 @@ class Problem:
     # -- rollout engines (issue 20): the engine and TensorRT-LLM's MoE TP (planner/rules_engines.py).
     rollout_name: str = "vllm"
     rollout_moe_tp: int | None = None
+    #: The training engine (issue 19): ``fsdp`` or ``megatron``, and a pinned Megatron sequence_parallel.
+    training_engine: str = "fsdp"
+    megatron_sequence_parallel: bool | None = None
 
     @property
     def mode(self) -> str:
@@ -256,3 +267,10 @@ class Fixed:
     optimizer_offload: bool | None = None
     critic_ppo_micro_batch_size_per_gpu: int | None = None
     critic_ppo_micro_batch_size_global: int | None = None
+    # -- the Megatron engine (issue 19) --
+    megatron_tp: int | None = None
+    megatron_pp: int | None = None
+    megatron_vpp: int | None = None
+    megatron_cp: int | None = None
+    megatron_ep: int | None = None
+    megatron_etp: int | None = None

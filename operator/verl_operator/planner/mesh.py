@@ -24,6 +24,7 @@ from typing import Any
 from verl_operator.api.spec import ModelShape
 from verl_operator.planner.arith import divisors
 from verl_operator.planner.inputs import Problem, Settings
+from verl_operator.planner.megatron import state_shard as megatron_state_shard
 
 #: CPUs verl's Ray placement group asks per GPU (``{GPU: 1, CPU: 3}`` bundles, verl-constraints rule 25),
 #: plus spare CPUs per pod for the Ray daemons and the launcher.
@@ -144,12 +145,17 @@ class Mesh:
         """
         dp = data_parallel_size(s.world, s.sequence_parallel_size)
         critic_dp = data_parallel_size(s.world, p.critic_sequence_parallel_size)
+        megatron = s.training_engine == "megatron"
+        if megatron:  # megatron-core's DP: world / (TP x PP x CP), for actor, ref and critic (issue 19)
+            dp = critic_dp = max(1, s.world // (s.megatron_tp * s.megatron_pp * s.megatron_cp))
         mini = s.ppo_mini_batch_size * s.rollout_n
         # verl >= 0.7 pads the step's trajectories to lcm(DP, mini x n[, critic mini x n]); 0.6 does not.
         pads = p.version != "0.6"
         unit = max(1, math.lcm(dp, mini))  # a mini-batch of 0 is a violation, not a division by zero
         padded = -(-s.trajectories // unit) * unit if pads else s.trajectories
         group = max(s.rollout_tp, s.sequence_parallel_size) if p.nvlink_required else 1
+        if megatron and fits_nvlink_domain(s.megatron_tp, p.nvlink_domain):
+            group = max(group, s.megatron_tp)  # a Megatron TP group sits inside one NVLink domain
         return cls(
             world=s.world,
             nnodes=s.nnodes,
@@ -158,7 +164,15 @@ class Mesh:
             rollout_tp=s.rollout_tp,
             data_parallel_size=dp,
             critic_data_parallel_size=critic_dp,
-            fsdp_shard=s.world if s.fsdp_size == -1 or s.fsdp_size >= s.world else s.fsdp_size,
+            fsdp_shard=(
+                megatron_state_shard(
+                    p.shape, p.params, s
+                )  # Megatron: over TP x PP, experts over EP x ETP x PP
+                if megatron
+                else s.world
+                if s.fsdp_size == -1 or s.fsdp_size >= s.world
+                else s.fsdp_size
+            ),
             rollout_replicas=max(1, s.world // s.rollout_tp),
             trajectories=s.trajectories,
             padded_trajectories=padded,

@@ -14,9 +14,10 @@ from verl_operator.api.plan import (
     Plan,
     PlanResult,
     RolloutPlan,
+    TrainingPlan,
 )
 from verl_operator.api.settings_registry import SETTINGS
-from verl_operator.planner import dialect
+from verl_operator.planner import dialect, rules_megatron
 from verl_operator.planner.cluster import Layout, Pool
 from verl_operator.planner.inputs import Problem, Settings
 from verl_operator.planner.memory import GIB, SAFETY_FACTOR, Estimate, Phase
@@ -68,6 +69,7 @@ def build_result(
     s, est = found.settings, found.estimate
     mesh = Mesh.of(p, s, layout.cpu_per_node)
     warnings = [*found.warnings, *shell_variable_warnings(passthrough, p), *_batch_warnings(p, mesh, est)]
+    warnings += rules_megatron.warnings(p, mesh)  # issue 19
     plan = Plan(
         verl_version=p.version,
         nodes=list(layout.candidates[: layout.nnodes]),
@@ -94,6 +96,7 @@ def build_result(
             product_selector=dict(pool.selector),
         ),
         overrides=dialect.emit(_emitted(p, s, adv, model_path), passthrough),
+        training=_training_plan(mesh),
     )
     return PlanResult(feasible=True, violations=[], warnings=warnings, plan=plan)
 
@@ -190,4 +193,21 @@ def _memory_plan(p: Problem, est: Estimate, tokens_per_sequence: int) -> MemoryP
         rollout=phase(est.rollout),
         train=phase(est.train),
         log_prob=phase(est.log_prob),
+    )
+
+
+def _training_plan(mesh: Mesh) -> TrainingPlan | None:
+    """The Megatron engine's mesh (issue 19); None for FSDP (its mesh is the plan's SP and FSDP fields)."""
+    s = mesh.settings
+    if s.training_engine != "megatron":
+        return None
+    return TrainingPlan(
+        engine="megatron",
+        tensor_parallel_size=s.megatron_tp,
+        pipeline_parallel_size=s.megatron_pp,
+        virtual_pipeline_parallel_size=s.megatron_vpp,
+        context_parallel_size=s.megatron_cp,
+        expert_parallel_size=s.megatron_ep,
+        expert_tensor_parallel_size=s.megatron_etp,
+        data_parallel_size=mesh.data_parallel_size,
     )

@@ -4,13 +4,13 @@ merged, types checked) and the settings the planner does not support, as violati
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from verl_operator.api.plan import Violation
-from verl_operator.api.settings_registry import SETTINGS
+from verl_operator.api.settings_registry import ARR, SETTINGS
 from verl_operator.api.spec import ModelShape, VerlJobSpec
-from verl_operator.planner import catalog, dialect, rules_engines, verl_keys
+from verl_operator.planner import catalog, dialect, megatron, rules_engines, verl_keys
 from verl_operator.planner.inputs import Fixed, Problem, merge_pins
 from verl_operator.planner.overrides import Override, Pinned, parse_overrides, read_owned
 from verl_operator.planner.reader import Reader as _Reader
@@ -65,7 +65,12 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         spec: The job spec.
     """
     parsed, violations, warnings = parse_overrides(spec.overrides)
-    violations += verl_keys.key_violations(parsed, spec.verl.version)
+    # The training engine (issue 19): chosen before the keys are checked against its config's keys.
+    cn_indices, cn_engine, cn_vs = megatron.config_name_entries(spec.overrides)
+    violations = [v for v in violations if v.field not in {f"spec.overrides[{i}]" for i in cn_indices}]
+    training, vs = _training_engine(spec, parsed, cn_engine)
+    violations += cn_vs + vs
+    violations += verl_keys.key_violations(parsed, megatron.keys_line(spec.verl.version, training.engine))
     owned, passthrough, vs = read_owned(parsed, dialect.INPUT_KEYS)
     violations += vs
     reads, _, vs = read_owned(passthrough, dialect.READ_KEYS, owned=False)
@@ -98,6 +103,15 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
     if violations:
         return violations
     problem = _problem(spec, r, model, critic, mode, needs_critic, engine)
+    problem = replace(  # the Megatron engine (issue 19)
+        problem,
+        training_engine=training.engine,
+        megatron_sequence_parallel=r.get_bool("megatron_sequence_parallel"),
+    )
+    if training.engine == "megatron":
+        fixed = megatron.fixed_offload(
+            fixed, r.get_bool("megatron_param_offload"), r.get_bool("megatron_optimizer_offload")
+        )
     if r.violations:
         return r.violations
     if vs := _mean_lengths(problem):
@@ -199,13 +213,13 @@ def _unsupported(r: _Reader) -> list[Violation]:
     out: list[Violation] = []
     for key in ("actor_strategy", "critic_strategy"):
         strat = r.get_str(key, reads=True)
-        if strat is not None and strat not in ("fsdp", "fsdp2"):
+        if strat is not None and strat not in ("fsdp", "fsdp2", "megatron"):  # megatron: issue 19
             out.append(
                 Violation(
                     field=r.reads[key].source,
                     rule="strategy",
-                    message=f"strategy {strat!r} is not supported; the planner models FSDP (fsdp, fsdp2)",
-                    suggestions=["use strategy fsdp or fsdp2"],
+                    message=f"strategy {strat!r} is not supported; the planner models fsdp, fsdp2 and megatron",
+                    suggestions=["use strategy fsdp, fsdp2 or megatron"],
                 )
             )
     for key, label, why in UNSUPPORTED_ROLLOUT:
@@ -248,6 +262,27 @@ def _expert_parallel(r: _Reader, shape: ModelShape) -> list[Violation]:
             suggestions=["drop the expert_parallel_size override"],
         )
     ]
+
+
+def _training_engine(
+    spec: VerlJobSpec, parsed: list[Override], config_name: tuple[str, str] | None
+) -> tuple[megatron.EngineChoice, list[Violation]]:
+    """The training engine (issue 19): ``spec.parallelism.engine``, the strategies, ``*.megatron.*`` keys and
+    a pasted ``--config-name`` (``planner/megatron.py`` ``choose_engine``)."""
+    spec_engine = spec.parallelism.engine
+    keys = {key for key, name in dialect.INPUT_KEYS.items() if name in megatron.MEGATRON_SETTINGS}
+    strategy_keys = (f"{ARR}.actor.strategy", "critic.strategy", f"{ARR}.ref.strategy")
+    strategies = [
+        (str(ov.value), ov.source) for ov in parsed if ov.key in strategy_keys and ov.value is not None
+    ]
+    mspec = spec.parallelism.megatron
+    return megatron.choose_engine(
+        (spec_engine, "spec.parallelism.engine") if spec_engine is not None else None,
+        strategies,
+        config_name,
+        [ov.source for ov in parsed if ov.key in keys and ov.prefix != "~"]
+        + (["spec.parallelism.megatron"] if mspec is not None and mspec.model_fields_set else []),
+    )
 
 
 # -- pinned values -----------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from verl_operator.api.plan import Violation
+from verl_operator.planner import rules_megatron
 from verl_operator.planner.arith import (
     nearest,
     nearest_divisor,
@@ -347,6 +348,7 @@ RULES: tuple[Rule, ...] = (
     critic_micro_divides_mini,
     dynamic_token_budget,
     sp_remove_padding,
+    *rules_megatron.RULES,  # the Megatron engine (issue 19)
 )
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from verl_operator.api.plan import Violation
-from verl_operator.planner import arith, rules, rules_critic, rules_rollout
+from verl_operator.planner import arith, megatron, rules, rules_critic, rules_megatron, rules_rollout
 from verl_operator.planner.budget import spend
 from verl_operator.planner.cluster import Layout
 from verl_operator.planner.inputs import Fixed, Problem, Settings
@@ -78,6 +78,7 @@ MESH_RULES: tuple[rules.Rule, ...] = (
     rules_rollout.batched_tokens_cover_model_len,
     rules.sp_remove_padding,
     rules_critic.critic_mesh,
+    *rules_megatron.RULES,  # the Megatron engine (issue 19)
 )
 
 
@@ -170,6 +171,17 @@ def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found 
     )
     miss = _NearestMiss()
     fallback: Found | None = None
+    if p.training_engine == "megatron":  # issue 19: the Megatron mesh instead of Ulysses SP and FSDP
+        for c in megatron.candidates(
+            p.shape, layout.world, layout.gpus_per_node, layout.nvlink_domain, fixed
+        ):
+            base = megatron.settings_of(_base_settings(layout, fixed, tb, n, 1, -1), c)
+            found = _search_mini(p, layout, fixed, base, miss.note)
+            if found is not None and not found.overrun:
+                return found
+            if found is not None and (fallback is None or _overrun_peak(found) < _overrun_peak(fallback)):
+                fallback = found
+        return fallback or miss.failed()
     for sp in sp_candidates(p, layout, fixed):
         for fsdp in fsdp_candidates(layout, fixed):
             found = _search_mini(p, layout, fixed, _base_settings(layout, fixed, tb, n, sp, fsdp), miss.note)

@@ -1,0 +1,280 @@
+"""The rules of verl's Megatron engine and megatron-core (issue 19; ``docs/planner.md`` lists them with their code).
+
+Each rule is ``(problem, mesh) -> list[Violation]`` and holds trivially for an FSDP job. The mesh's
+``data_parallel_size`` is megatron-core's ``world / (TP x PP x CP)`` for a Megatron job (``planner/mesh.py``),
+so the batch rules of ``planner/rules.py`` (mini-batch per GPU, micro-batch divides the mini-batch, the
+token budgets) apply to it unchanged: verl's Megatron workers normalise the same numbers by that DP
+(0.6.1 ``workers/megatron_workers.py`` lines 273-279 for the actor, 285-291 for the ref, 923-927 for the
+critic). Messages show the arithmetic and the nearest valid values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from verl_operator.api.plan import Violation
+from verl_operator.planner import arith
+from verl_operator.planner.arith import or_text as _or
+from verl_operator.planner.inputs import SPEC_PATHS, Problem
+from verl_operator.planner.megatron import expert_tp, model_parallel
+from verl_operator.planner.mesh import Mesh, fits_nvlink_domain
+
+Rule = Callable[[Problem, Mesh], list[Violation]]
+
+
+def _field(p: Problem, name: str) -> str:
+    return p.source(name, SPEC_PATHS.get(name, name))
+
+
+def _on(p: Problem, mesh: Mesh) -> bool:
+    return p.training_engine == "megatron" and mesh.settings.training_engine == "megatron"
+
+
+def world_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
+    """The world divides by ``TP x PP x CP`` (0.6.1 ``utils/config.py`` ``validate_config`` lines 95-100, 0.9.1
+    lines 109-114: ``n_gpus must be divisible by model_parallel_size times context_parallel_size``; megatron-core
+    ``parallel_state.initialize_model_parallel`` raises the same)."""
+    if not _on(p, mesh):
+        return []
+    s = mesh.settings
+    mp = model_parallel(s)
+    if s.world % mp == 0:
+        return []
+    sizes = {"megatron_tp": s.megatron_tp, "megatron_pp": s.megatron_pp, "megatron_cp": s.megatron_cp}
+    suggestions = []
+    for name, current in sizes.items():
+        others = mp // current
+        ok = [v for v in arith.divisors(s.world) if s.world % (v * others) == 0]
+        near = sorted(
+            {max((v for v in ok if v < current), default=0), *[v for v in ok if v > current][:1]} - {0}
+        )
+        if near:
+            suggestions.append(f"use {name.removeprefix('megatron_').upper()} {_or(near)}")
+    named = next((n for n in sizes if p.pinned(n) and sizes[n] > 1), "megatron_tp")
+    return [
+        Violation(
+            field=_field(p, named),
+            rule="megatron-world-divisible",
+            message=(
+                f"{s.world} GPUs do not divide into TP {s.megatron_tp} x PP {s.megatron_pp} x CP {s.megatron_cp} "
+                f"= {mp} model-parallel ranks ({s.world} % {mp} = {s.world % mp})"
+            ),
+            suggestions=[" or ".join(suggestions)] if suggestions else [],
+        )
+    ]
+
+
+def heads_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
+    """TP splits the attention heads and the KV heads (query groups) evenly (megatron-core
+    ``transformer/attention.py``: ``divide(num_attention_heads, tp)`` and ``divide(num_query_groups, tp)``)."""
+    if not _on(p, mesh):
+        return []
+    tp = mesh.settings.megatron_tp
+    heads, kv = p.shape.attention_heads, p.shape.kv_heads
+    bad = [(label, n) for label, n in (("attention heads", heads), ("KV heads", kv)) if n % tp]
+    if not bad:
+        return []
+    ok = [d for d in arith.divisors(heads) if kv % d == 0]
+    near = [max((d for d in ok if d < tp), default=1), *[d for d in ok if d > tp][:1]]
+    return [
+        Violation(
+            field=_field(p, "megatron_tp"),
+            rule="megatron-tp-heads",
+            message="; ".join(
+                f"the model's {n} {label} do not divide by TP {tp} ({n} % {tp} = {n % tp})"
+                for label, n in bad
+            ),
+            suggestions=[f"use TP {_or(sorted(set(near)))}"],
+        )
+    ]
+
+
+def layers_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
+    """PP (with VPP: PP x VPP) splits the layers evenly (megatron-core ``transformer/transformer_block.py``
+    ``get_num_layers_to_build``: ``num_layers // pipeline_model_parallel_size``, and with an interleaved
+    schedule ``num_layers_per_pipeline_rank // virtual_pipeline_model_parallel_size``; verl's scripts that
+    pin uneven first/last stages set ``override_transformer_config.num_layers_in_first_pipeline_stage``,
+    which the planner does not model)."""
+    if not _on(p, mesh):
+        return []
+    s = mesh.settings
+    stages = s.megatron_pp * (s.megatron_vpp or 1)
+    layers = p.shape.layers
+    if layers % stages == 0:
+        return []
+    vpp = s.megatron_vpp is not None and s.megatron_vpp > 1 and layers % s.megatron_pp == 0
+    name = "megatron_vpp" if vpp else "megatron_pp"
+    current = s.megatron_vpp if vpp else s.megatron_pp
+    base = s.megatron_pp if vpp else (s.megatron_vpp or 1)
+    ok = [d // base for d in arith.divisors(layers) if d % base == 0]
+    near = sorted(
+        v
+        for v in {
+            max((v for v in ok if v < (current or 1)), default=1),
+            *[v for v in ok if v > (current or 1)][:1],
+        }
+    )
+    what = f"PP {s.megatron_pp} x VPP {s.megatron_vpp}" if s.megatron_vpp else f"PP {s.megatron_pp}"
+    return [
+        Violation(
+            field=_field(p, name),
+            rule="megatron-layers-divisible",
+            message=f"the model's {layers} layers do not divide into {what} = {stages} stages ({layers} % {stages} = {layers % stages})",
+            suggestions=[f"use {name.removeprefix('megatron_').upper()} {_or(near)}"],
+        )
+    ]
+
+
+def vpp_needs_pp(p: Problem, mesh: Mesh) -> list[Violation]:
+    """Virtual pipeline stages need PP > 1 (megatron-core ``parallel_state.initialize_model_parallel``:
+    ``pipeline-model-parallel size should be greater than 1 with interleaved schedule``)."""
+    if not _on(p, mesh):
+        return []
+    s = mesh.settings
+    if s.megatron_vpp is None or s.megatron_vpp <= 1 or s.megatron_pp > 1:
+        return []
+    return [
+        Violation(
+            field=_field(p, "megatron_vpp"),
+            rule="megatron-vpp-needs-pp",
+            message=f"virtual pipeline size {s.megatron_vpp} with PP {s.megatron_pp}: an interleaved schedule needs PP > 1",
+            suggestions=["drop virtualPipelineParallelSize, or set pipelineParallelSize to 2 or more"],
+        )
+    ]
+
+
+def experts_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
+    """EP splits the routed experts evenly (megatron-core ``transformer/moe/moe_layer.py``:
+    ``num_moe_experts % expert_model_parallel_size == 0``); EP > 1 needs a mixture-of-experts model; and
+    ``EP x ETP`` tiles the ``TP x DP x CP`` ranks of a pipeline stage (``parallel_state``:
+    ``world_size / PP`` divisible by ``expert_tensor_parallel_size x expert_model_parallel_size``)."""
+    if not _on(p, mesh):
+        return []
+    s = mesh.settings
+    ep, etp = s.megatron_ep, expert_tp(s)
+    experts = p.shape.num_experts
+    out: list[Violation] = []
+    if ep > 1 and not experts:
+        out.append(
+            Violation(
+                field=_field(p, "megatron_ep"),
+                rule="megatron-ep-needs-moe",
+                message=f"expert parallel size {ep} needs a mixture-of-experts model (spec.model.shape.numExperts)",
+                suggestions=["use EP 1, or give the model's numExperts"],
+            )
+        )
+        return out
+    if experts and experts % ep:
+        near = arith.nearest_divisor(ep, experts)
+        out.append(
+            Violation(
+                field=_field(p, "megatron_ep"),
+                rule="megatron-experts-divisible",
+                message=f"the model's {experts} experts do not divide by EP {ep} ({experts} % {ep} = {experts % ep})",
+                suggestions=[f"use EP {_or(near)}"],
+            )
+        )
+    ranks = s.world // max(1, s.megatron_pp)
+    if ranks % (ep * etp):
+        ok = [
+            e for e in arith.divisors(ranks) if ranks % (e * etp) == 0 and (not experts or experts % e == 0)
+        ]
+        near = [max((e for e in ok if e < ep), default=1), *[e for e in ok if e > ep][:1]]
+        out.append(
+            Violation(
+                field=_field(p, "megatron_ep"),
+                rule="megatron-expert-mesh",
+                message=(
+                    f"EP {ep} x ETP {etp} = {ep * etp} does not tile the {ranks} TP x DP x CP ranks of a pipeline "
+                    f"stage ({s.world} GPUs / PP {s.megatron_pp}; {ranks} % {ep * etp} = {ranks % (ep * etp)})"
+                ),
+                suggestions=[f"use EP {_or(sorted(set(near)))}"],
+            )
+        )
+    return out
+
+
+def tp_nvlink(p: Problem, mesh: Mesh) -> list[Violation]:
+    """With ``placement.nvlink: required``, the Megatron TP group sits inside one NVLink domain (TP's
+    all-reduces run every layer; across nodes they are the slowest link)."""
+    if not _on(p, mesh) or not p.nvlink_required:
+        return []
+    tp, dom = mesh.settings.megatron_tp, p.nvlink_domain
+    if fits_nvlink_domain(tp, dom):
+        return []
+    return [
+        Violation(
+            field=_field(p, "megatron_tp"),
+            rule="megatron-tp-nvlink",
+            message=f"Megatron TP {tp} does not fit the NVLink domain of {dom} GPUs (placement.nvlink: required)",
+            suggestions=[
+                f"use TP {max(d for d in arith.divisors(dom) if d <= tp)}",
+                "or set spec.placement.nvlink: preferred",
+            ],
+        )
+    ]
+
+
+def minimal_batch(p: Problem, mesh: Mesh) -> list[Violation]:
+    """Without dynamic batch size, ``train_batch_size x n`` divides by Megatron's DP x the actor's micro-batch
+    (0.6.1 ``utils/config.py`` ``validate_config`` lines 89-113, 0.9.1 lines 103-127: ``real_train_batch_size
+    must be divisible by minimal possible batch size``, ``minimal_bsz = megatron_dp x
+    ppo_micro_batch_size_per_gpu``)."""
+    s = mesh.settings
+    if not _on(p, mesh) or s.dynamic_batch_size or not s.ppo_micro_batch_size_per_gpu:
+        return []
+    unit = mesh.data_parallel_size * s.ppo_micro_batch_size_per_gpu
+    if mesh.trajectories % unit == 0:
+        return []
+    near = arith.nearest_multiple(s.train_batch_size, mesh.batch_step(unit))
+    return [
+        Violation(
+            field=_field(p, "train_batch_size"),
+            rule="megatron-minimal-batch",
+            message=(
+                f"{s.train_batch_size} x {s.rollout_n} = {mesh.trajectories} trajectories per step do not divide by "
+                f"Megatron DP {mesh.data_parallel_size} x micro-batch {s.ppo_micro_batch_size_per_gpu} = {unit} "
+                f"({mesh.trajectories} % {unit} = {mesh.trajectories % unit})"
+            ),
+            suggestions=[f"use trainBatchSize {_or(near)}"] if near else [],
+        )
+    ]
+
+
+def megatron_dtype(p: Problem, mesh: Mesh) -> list[Violation]:
+    """``spec.model.dtype: float16`` is not planned with Megatron: verl's Megatron workers need mbridge for it
+    (0.6.1 ``workers/megatron_workers.py`` line 162: ``fp16 mode requires use_mbridge to be True``), and the
+    planner's float16 keys are FSDP's (``planner/dialect.py`` ``dtype_keys``)."""
+    if not _on(p, mesh) or p.dtype != "float16":
+        return []
+    return [
+        Violation(
+            field="spec.model.dtype",
+            rule="megatron-dtype",
+            message="dtype float16 with the megatron engine is not planned (verl's Megatron fp16 path needs mbridge)",
+            suggestions=["use dtype bfloat16 on GPUs that support it, or the fsdp engine"],
+        )
+    ]
+
+
+#: The Megatron rules, in the order their violations are reported.
+RULES: tuple[Rule, ...] = (
+    world_divisible,
+    heads_divisible,
+    layers_divisible,
+    vpp_needs_pp,
+    experts_divisible,
+    tp_nvlink,
+    minimal_batch,
+    megatron_dtype,
+)
+
+
+def warnings(p: Problem, mesh: Mesh) -> list[str]:
+    """What verl changes silently: ``sequence_parallel`` pinned on with TP 1 is turned off (0.6.1 and 0.9.1
+    ``workers/config/engine.py`` ``McoreEngineConfig.__post_init__``, 0.6.1 lines 81-83)."""
+    if not _on(p, mesh) or p.megatron_sequence_parallel is not True or mesh.settings.megatron_tp > 1:
+        return []
+    return [
+        "megatron.sequence_parallel=True with TP 1: verl turns sequence parallelism off (it needs TP > 1)"
+    ]
