@@ -16,22 +16,30 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="verl-operator",
-        description="Topology-aware Kubernetes operator for verl jobs.",
-    )
+def command_parser(prog: str, description: str, modules: Sequence[str]) -> argparse.ArgumentParser:
+    """A parser with one required subcommand per module of ``modules`` (each adds its own parser)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
+    for name in modules:
         importlib.import_module(name).add_parser(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse ``argv`` and run the chosen subcommand; its exit code."""
     args = parser.parse_args(argv)
     code: int = args.func(args)
     return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return command_parser(
+        "verl-operator", "Topology-aware Kubernetes operator for verl jobs.", COMMAND_MODULES
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
+
+from verl_operator.cli import command_parser, run_command
 
 # Each module defines ``add_parser(subparsers) -> None`` and sets ``func`` (args -> exit code) on its parser.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -15,21 +16,15 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="verl-operator-dev",
-        description="Development tooling of verl-operator: a local cluster with GPU nodes, images, the demo.",
+    return command_parser(
+        "verl-operator-dev",
+        "Development tooling of verl-operator: a local cluster with GPU nodes, images, the demo.",
+        COMMAND_MODULES,
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).add_parser(sub)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":
