@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from bench_key_suggestions import typo_keys
 from verl_devtools.devcluster import DevCluster
+from verl_devtools.devcluster.jobs import verljob
 from verl_devtools.devcluster.localrun import LocalOperator, install_crd
 
 GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
@@ -32,19 +33,9 @@ NAMESPACE = "default"
 VERBOSE = False
 
 
-def verljob(name: str, overrides: list[str]) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "VerlJob",
-        "metadata": {"name": name},
-        "spec": {
-            "verl": {"image": "ghcr.io/example/verl:0.9.1"},
-            "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
-            "resources": {"gpus": 8},
-            "suspend": True,  # admitted and planned, but holds no GPUs between rounds
-            "overrides": overrides,
-        },
-    }
+def admission_job(name: str, overrides: list[str]) -> dict[str, Any]:
+    # Suspended: admitted and planned, but holds no GPUs between rounds.
+    return verljob(name, suspend=True, overrides=overrides)
 
 
 def create(api: client.CustomObjectsApi, body: dict[str, Any]) -> tuple[float, int]:
@@ -67,7 +58,7 @@ def one_round(api: client.CustomObjectsApi, index: int, hostile: int, keys: list
 
     def attack(i: int) -> None:
         started.wait()
-        outcome = create(api, verljob(f"hostile-{index}-{i}", keys))
+        outcome = create(api, admission_job(f"hostile-{index}-{i}", keys))
         with lock:
             results.append(outcome)
 
@@ -76,7 +67,7 @@ def one_round(api: client.CustomObjectsApi, index: int, hostile: int, keys: list
         t.start()
     started.wait()
     time.sleep(0.05)  # the hostile requests are in flight
-    valid_s, valid_status = create(api, verljob(f"valid-{index}", []))
+    valid_s, valid_status = create(api, admission_job(f"valid-{index}", []))
     for t in threads:
         t.join()
     if valid_status == 201:
@@ -104,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         ).start()
         api = client.CustomObjectsApi(cluster.api_client())
         keys = [f"{key}=1" for key in typo_keys(args.keys)]
-        create(api, verljob("warm-up", []))  # the webhook's first plan loads the catalog and key index
+        create(api, admission_job("warm-up", []))  # the webhook's first plan loads the catalog and key index
         api.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "warm-up")
         rounds = [one_round(api, i, args.hostile, keys) for i in range(args.rounds)]
         for i, r in enumerate(rounds):

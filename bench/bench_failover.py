@@ -25,25 +25,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from verl_devtools.devcluster import DevCluster
+from verl_devtools.devcluster.jobs import verljob
 from verl_devtools.devcluster.localrun import LocalOperator, install_crd
 
 GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
 NAMESPACE, LEASE = "default", "bench-failover"
-
-
-def verljob(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "VerlJob",
-        "metadata": {"name": name},
-        "spec": {
-            "verl": {"image": "ghcr.io/example/verl:0.9.1"},
-            "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
-            "data": {"trainBatchSize": 64},
-            "rollout": {"responsesPerPrompt": 4},
-            "resources": {"gpus": 8, "gpusPerNode": 8},
-        },
-    }
 
 
 def holder(coordination: client.CoordinationV1Api) -> str:

@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from cluster.polling import wait_for
 from verl_devtools.devcluster import DevCluster
+from verl_devtools.devcluster.jobs import verljob
 from verl_devtools.devcluster.localrun import LocalOperator, install_crd
 
 GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
@@ -43,19 +44,8 @@ def operator(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -
     devcluster.remove_profile("label-styles")
 
 
-def verljob(name: str, gpus: int, selector: dict[str, str], **resources: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "VerlJob",
-        "metadata": {"name": name},
-        "spec": {
-            "verl": {"image": "ghcr.io/example/verl:0.9.1"},
-            "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
-            "data": {"trainBatchSize": 8 * gpus},
-            "rollout": {"responsesPerPrompt": 4},
-            "resources": {"gpus": gpus, "gpusPerNode": 8, "nodeSelector": {**ZONE, **selector}, **resources},
-        },
-    }
+def styled_job(name: str, gpus: int, selector: dict[str, str], **resources: Any) -> dict[str, Any]:
+    return verljob(name, gpus, resources={"nodeSelector": {**ZONE, **selector}, **resources})
 
 
 def test_label_styles_place_or_are_refused_with_their_reasons(
@@ -78,7 +68,7 @@ def test_label_styles_place_or_are_refused_with_their_reasons(
     }
     for name, (gpus, selector) in placed.items():
         applied = kubectl(
-            ["apply", "-n", namespace, "-f", "-"], input=json.dumps(verljob(name, gpus, selector))
+            ["apply", "-n", namespace, "-f", "-"], input=json.dumps(styled_job(name, gpus, selector))
         )
         assert applied.returncode == 0, applied.stderr
     for name, (gpus, _) in placed.items():
@@ -94,12 +84,14 @@ def test_label_styles_place_or_are_refused_with_their_reasons(
         "bare": ({"kubernetes.io/hostname": "style-bare-0"}, "spec.resources.gpuMemoryMiB"),
     }
     for name, (selector, reason) in refused.items():
-        applied = kubectl(["apply", "-n", namespace, "-f", "-"], input=json.dumps(verljob(name, 8, selector)))
+        applied = kubectl(
+            ["apply", "-n", namespace, "-f", "-"], input=json.dumps(styled_job(name, 8, selector))
+        )
         assert applied.returncode != 0 and reason in applied.stderr, (name, applied.stderr)
         assert "mig.strategy" not in applied.stderr, applied.stderr
 
     # The bare node with its GPU memory given in the spec.
-    bare = verljob("bare", 8, refused["bare"][0], gpuMemoryMiB=81559)
+    bare = styled_job("bare", 8, refused["bare"][0], gpuMemoryMiB=81559)
     applied = kubectl(["apply", "-n", namespace, "-f", "-"], input=json.dumps(bare))
     assert applied.returncode == 0, applied.stderr
     wait_for(lambda: status("bare").get("phase") == "Running", f"bare Running ({status('bare')})", 60)

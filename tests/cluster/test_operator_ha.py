@@ -32,6 +32,7 @@ from kubernetes.client.exceptions import ApiException
 
 from cluster.polling import wait_for
 from verl_devtools.devcluster import DevCluster
+from verl_devtools.devcluster.jobs import verljob
 from verl_devtools.devcluster.localrun import LocalOperator, install_crd
 from verl_operator.clusters.labels import PROFILE
 from verl_operator.controller.reconcile import CREATE_DELAY_ENV
@@ -53,19 +54,7 @@ def dgx(devcluster: DevCluster) -> Iterator[None]:
 
 
 def make_job(name: str, gpus: int, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "VerlJob",
-        "metadata": {"name": name},
-        "spec": {
-            "verl": {"image": "ghcr.io/example/verl:0.9.1"},
-            "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
-            "data": {"trainBatchSize": 8 * gpus},
-            "rollout": {"responsesPerPrompt": 4},
-            "resources": {"gpus": gpus, "gpusPerNode": 8, "nodeSelector": {PROFILE: "dgx-h100"}},
-            **spec,
-        },
-    }
+    return verljob(name, gpus, resources={"nodeSelector": {PROFILE: "dgx-h100"}}, **spec)
 
 
 def replica(

@@ -20,6 +20,7 @@ from kubernetes import client
 
 from cluster.polling import wait_for
 from verl_devtools.devcluster import DevCluster
+from verl_devtools.devcluster.jobs import verljob
 from verl_devtools.devcluster.localrun import LocalOperator, install_crd
 
 GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
@@ -29,20 +30,15 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def job(name: str, **security: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "VerlJob",
-        "metadata": {"name": name},
-        "spec": {
-            "verl": {"image": "ghcr.io/example/verl:0.9.1"},
-            "model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"},
-            "data": {"trainBatchSize": 64},
-            "rollout": {"responsesPerPrompt": 4},
-            # Both mixed-h100 nodes: the second job can only run once the first frees them.
-            "resources": {"gpus": 16, "gpusPerNode": 8, "gpuProduct": H100},
-            "security": security,
-        },
-    }
+    # Both mixed-h100 nodes: the second job can only run once the first frees them.
+    return verljob(
+        name,
+        16,
+        model="Qwen/Qwen2.5-0.5B-Instruct",
+        train_batch_size=64,
+        resources={"gpuProduct": H100},
+        security=security,
+    )
 
 
 @pytest.fixture
