@@ -148,3 +148,14 @@ def cluster_profile(devcluster: DevCluster) -> Iterator[Callable[[str], list[str
     yield apply
     for profile_name in reversed(applied):
         devcluster.remove_profile(profile_name)
+
+
+@pytest.fixture(scope="module")
+def dgx(devcluster: DevCluster) -> Iterator[None]:
+    """The DGX H100 profile's nodes (4 x 8 GPUs) for one module, and the CRD."""
+    from verl_devtools.devcluster.localrun import install_crd
+
+    install_crd(devcluster.kubeconfig)
+    devcluster.apply_profile("dgx-h100")
+    yield
+    devcluster.remove_profile("dgx-h100")

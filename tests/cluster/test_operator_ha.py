@@ -21,7 +21,6 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from kubernetes.client.exceptions import ApiException
 from cluster.polling import wait_for
 from verl_devtools.devcluster import DevCluster
 from verl_devtools.devcluster.jobs import verljob
-from verl_devtools.devcluster.localrun import LocalOperator, install_crd
+from verl_devtools.devcluster.localrun import LocalOperator
 from verl_operator.clusters.labels import PROFILE
 from verl_operator.controller.reconcile import CREATE_DELAY_ENV
 
@@ -42,15 +41,6 @@ GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
 LEASE_DURATION, RETRY_PERIOD = 15.0, 2.0
 
 pytestmark = pytest.mark.timeout(150)
-
-
-@pytest.fixture(scope="module")
-def dgx(devcluster: DevCluster) -> Iterator[None]:
-    """The DGX H100 profile's nodes (4 x 8 GPUs), and the CRD."""
-    install_crd(devcluster.kubeconfig)
-    devcluster.apply_profile("dgx-h100")
-    yield
-    devcluster.remove_profile("dgx-h100")
 
 
 def make_job(name: str, gpus: int, **spec: Any) -> dict[str, Any]:

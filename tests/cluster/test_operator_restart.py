@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from cluster.polling import wait_for
 from verl_devtools.devcluster import DevCluster
 from verl_devtools.devcluster.jobs import verljob
-from verl_devtools.devcluster.localrun import LocalOperator, install_crd
+from verl_devtools.devcluster.localrun import LocalOperator
 from verl_operator.clusters.labels import PROFILE
 from verl_operator.controller.reconcile import CREATE_DELAY_ENV
 
@@ -28,15 +27,6 @@ ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(scope="module")
-def dgx(devcluster: DevCluster) -> Iterator[None]:
-    """The DGX H100 profile's nodes, and the CRD."""
-    install_crd(devcluster.kubeconfig)
-    devcluster.apply_profile("dgx-h100")
-    yield
-    devcluster.remove_profile("dgx-h100")
 
 
 def make_job(name: str, gpus: int, **spec: Any) -> dict[str, Any]:
