@@ -98,12 +98,13 @@ def run(args: argparse.Namespace) -> int:
         api.close()
     _title("done")
     # Name the programs by the paths that ran here: neither need be on PATH (the project lives in a venv).
-    cli = shutil.which("verl-operator") or sys.argv[0]
+    dev = sys.argv[0]  # verl-operator-dev, as it was run
+    operator_cli = shutil.which("verl-operator") or str(Path(dev).with_name("verl-operator"))
     print(
         "The operator was stopped; the devcluster keeps running with the jobs. Inspect it with\n"
         f"  export KUBECONFIG={kubeconfig}\n  {kubectl_bin} get verljobs,pods -o wide\n"
-        f"run the operator again with\n  {cli} run --kubeconfig {kubeconfig}\n"
-        f"and remove everything with\n  {cli} devcluster down --name {args.name}"
+        f"run the operator again with\n  {operator_cli} run --kubeconfig {kubeconfig}\n"
+        f"and remove everything with\n  {dev} devcluster down --name {args.name}"
     )
     return 0
 
