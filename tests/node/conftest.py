@@ -237,9 +237,11 @@ def launcher_test_image(realcluster: DevCluster) -> str:
 
 @pytest.fixture(scope="session")
 def operator_release(realcluster: DevCluster, helm: Run, kube: client.ApiClient) -> Iterator[dict[str, Any]]:
-    """``helm install`` of the chart with its default image (the locally built operator image) on a real node.
+    """``helm install`` of the chart with its defaults (the locally built operator image, two replicas with
+    leader election) on the real nodes.
 
-    Returns the release's namespace, name and the operator pod.
+    Returns the release's namespace, name and the operator pod: the replica that holds the leader Lease, once
+    both replicas are Ready.
     """
     helm(
         [
@@ -273,9 +275,16 @@ def operator_release(realcluster: DevCluster, helm: Run, kube: client.ApiClient)
             if p.metadata.deletion_timestamp is None
             and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))
         ]
-        return ready[0] if len(ready) == 1 else None
+        if len(ready) != 2:  # the chart's replicaCount
+            return None
+        try:
+            lease: Any = client.CoordinationV1Api(kube).read_namespaced_lease(RELEASE, OPERATOR_NAMESPACE)
+        except client.exceptions.ApiException:
+            return None
+        holder = str(lease.spec.holder_identity or "")
+        return next((p for p in ready if holder.startswith(f"{p.metadata.name}_")), None)
 
-    pod = wait_for(ready_pod, "the operator pod to be Ready", timeout=120)
+    pod = wait_for(ready_pod, "both operator replicas Ready and one holding the Lease", timeout=120)
     try:
         yield {"namespace": OPERATOR_NAMESPACE, "release": RELEASE, "pod": pod}
     finally:
