@@ -1,4 +1,4 @@
-"""Megatron plans (issue 19) pass verl's own config code in both releases.
+"""Megatron plans pass verl's own config code in both releases.
 
 Specs that select the Megatron engine (dense and MoE models, pinned and searched TP/PP, with and without a
 critic, static and dynamic batch size) are planned on shipped cluster profiles; each feasible plan's command

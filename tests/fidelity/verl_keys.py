@@ -35,7 +35,7 @@ def generate() -> dict[str, Any]:
     for line, release in sorted(RELEASE.items()):
         version, keys = config_keys(ensure_env(release))
         out["lines"][line] = {"release": version, "keys": keys}
-        # The Megatron engine's config (issue 19): planner/megatron.py keys_line.
+        # The Megatron engine's config: planner/megatron.py keys_line.
         version, keys = config_keys(ensure_env(release), config_name="ppo_megatron_trainer")
         out["lines"][f"{line}/megatron"] = {"release": version, "keys": keys}
     return out

@@ -15,7 +15,7 @@ from verl_devtools.devcluster.profiles import DEFAULT_PROFILE, available_profile
 from verl_operator.clusters import labels as L
 from verl_operator.clusters.profile import NodeGroup, ProfileError, node_manifests, parse_profile
 
-# The hardware each example profile must describe (issue requirements and vendor facts), per node group:
+# The hardware each example profile must describe (vendor facts), per node group:
 # (nodes, GPUs per node, product, GPU memory MiB, racks used, NVLink label, clique shared by all nodes).
 EXPECTED = {
     "dgx-h100": [(4, 8, "NVIDIA-H100-80GB-HBM3", 81559, 2, None, False)],

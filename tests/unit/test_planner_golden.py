@@ -55,7 +55,7 @@ EXTRA = {
 def skip_reason(row: dict[str, str]) -> str | None:
     if "megatron" in row["strategy"]:
         return "megatron strategy"
-    if row["rollout_name"].strip() not in ("vllm", "sglang", "trtllm"):  # the engines (issue 20)
+    if row["rollout_name"].strip() not in ("vllm", "sglang", "trtllm"):  # the rollout engines
         return f"{row['rollout_name']} rollout"
     if "NPU" in row["gpu_type"]:
         return "Ascend NPU"
@@ -97,7 +97,7 @@ CASES = [
     for version in ("0.6", "0.9")
     if not (row["rollout_name"].strip() == "trtllm" and version == "0.6")  # refused below
 ]
-#: TensorRT-LLM rows on verl 0.6, which has no trtllm rollout (issue 20).
+#: TensorRT-LLM rows on verl 0.6, which has no trtllm rollout.
 TRTLLM_ON_0_6 = [
     pytest.param(row, id=row["source"].split("examples/")[-1])
     for row in ROWS

@@ -1,4 +1,4 @@
-"""The Megatron training engine (issue 19): its selection, its rules (a pass and a fail row each), the search's
+"""The Megatron training engine: its selection, its rules (a pass and a fail row each), the search's
 TP/PP choice, the emitted keys of both dialects and the launcher's config name."""
 
 from __future__ import annotations

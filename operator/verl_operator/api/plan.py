@@ -159,7 +159,7 @@ class NodePoolPlan(ApiModel):
 
 
 class TrainingPlan(ApiModel):
-    """The training engine and, for Megatron, its parallel mesh (issue 19)."""
+    """The training engine and, for Megatron, its parallel mesh."""
 
     engine: str = Field(description="fsdp or megatron (verl's ppo_megatron_trainer config).")
     tensor_parallel_size: int = Field(default=1, description="Megatron TP (inside one NVLink domain).")

@@ -202,7 +202,7 @@ def _int(low: int, high: int) -> Bounds:
     return Bounds(low, high)
 
 
-# -- the Megatron engine (issue 19) -----------------------------------------------------------------------
+# -- the Megatron engine -----------------------------------------------------------------------
 #: The Megatron parallel sizes: ``(setting, McoreEngineConfig field, spec field under parallelism.megatron)``.
 #: Both release lines spell them the same (0.6.1 and 0.9.1 ``trainer/config/engine/megatron.yaml``,
 #: ``workers/config/engine.py`` ``McoreEngineConfig``); the actor's, the ref's and the critic's copies are one
@@ -685,7 +685,7 @@ SETTINGS = Registry(
             "critic.model.fsdp_config.ulysses_sequence_parallel_size",
             bounds=_int(1, L.MAX_PARALLEL),
         ),
-        # -- rollout engines and the multi-turn agent loop (issue 20): read for the engine rules, passed through.
+        # -- rollout engines and the multi-turn agent loop: read for the engine rules, passed through.
         _read(
             "multi_turn_enable",
             "bool",
@@ -737,7 +737,7 @@ SETTINGS = Registry(
             "The rollout engine skips its tokenizer init (SGLang, vLLM servers).",
             f"{ARR}.rollout.skip_tokenizer_init",
         ),
-        # -- the Megatron engine (issue 19; planner/megatron.py) ---------------------------------------------
+        # -- the Megatron engine (planner/megatron.py) ---------------------------------------------
         *MEGATRON_ROWS,
     ]
 )

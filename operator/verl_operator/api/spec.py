@@ -281,7 +281,7 @@ class ResourcesSpec(ApiModel):
 
 
 class RolloutSpec(ApiModel):
-    # Rollout engines (issue 20): vllm, sglang (both lines), trtllm (verl 0.9 only).
+    # Rollout engines: vllm, sglang (both lines), trtllm (verl 0.9 only).
     name: Literal["vllm", "sglang", "trtllm"] | None = SETTINGS.field("rollout_name", default=None)
     mode: Literal["spmd", "server"] | None = Field(
         default=None,
@@ -293,7 +293,7 @@ class RolloutSpec(ApiModel):
 
 
 class MegatronSpec(ApiModel):
-    """The Megatron engine's parallel sizes (issue 19): the planner chooses those left out."""
+    """The Megatron engine's parallel sizes: the planner chooses those left out."""
 
     tensor_parallel_size: int | None = SETTINGS.field("megatron_tp", default=None)
     pipeline_parallel_size: int | None = SETTINGS.field("megatron_pp", default=None)
@@ -306,7 +306,7 @@ class MegatronSpec(ApiModel):
 class ParallelismSpec(ApiModel):
     sequence_parallel_size: int | None = SETTINGS.field("sequence_parallel_size", default=None)
     fsdp_size: int | None = SETTINGS.field("fsdp_size", default=None)
-    # -- the Megatron engine (issue 19) --
+    # -- the Megatron engine --
     engine: Literal["fsdp", "megatron"] | None = SETTINGS.field("training_engine", default=None)
     megatron: MegatronSpec | None = Field(default=None, description=MegatronSpec.__doc__)
 

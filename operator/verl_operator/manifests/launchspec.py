@@ -30,7 +30,7 @@ LAUNCHER_IN_OPERATOR_IMAGE = "/opt/verl-operator/share/verl-launcher.pyz"
 LAUNCHER_DIR = "/opt/verl-launcher"
 LAUNCHER_PYZ = f"{LAUNCHER_DIR}/verl-launcher.pyz"
 ENTRYPOINT = ("python3", "-m", "verl.trainer.main_ppo")
-#: verl's Hydra config of the Megatron engine (issue 19; the FSDP jobs use main_ppo's default, ppo_trainer).
+#: verl's Hydra config of the Megatron engine (the FSDP jobs use main_ppo's default, ppo_trainer).
 MEGATRON_CONFIG_NAME = "ppo_megatron_trainer"
 
 
@@ -82,7 +82,7 @@ class LaunchPlan:
     product_selector: tuple[tuple[str, str], ...] = ()
     nodes: tuple[str, ...] = ()
     launcher_image: str | None = None
-    #: The training engine (``Plan.training``; issue 19): ``megatron`` runs verl's ppo_megatron_trainer config.
+    #: The training engine (``Plan.training``): ``megatron`` runs verl's ppo_megatron_trainer config.
     training_engine: str = "fsdp"
 
     @classmethod

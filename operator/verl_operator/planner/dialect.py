@@ -60,7 +60,7 @@ class Emitted:
     rollout_mode: str = ""
     critic_model_path: str | None = None
     dtype: str = "bfloat16"
-    #: The rollout engine: vllm, sglang or trtllm (issue 20).
+    #: The rollout engine: vllm, sglang or trtllm.
     rollout_name: str = "vllm"
 
 
@@ -115,7 +115,7 @@ def values(planned: Emitted) -> dict[str, Any]:
     out["critic_dynamic_batch_size"] = st.dynamic_batch_size  # verl needs the critic's equal to the actor's
     # verl's default names ~/models/deepseek-llm-7b-chat: a critic without a path fails to build.
     out["critic_model_path"] = planned.critic_model_path or planned.model_path
-    _training_engine_values(out, st, planned.critic)  # issue 19
+    _training_engine_values(out, st, planned.critic)
     for name in ("train_files", "val_files"):  # as the user wrote them, when the user named any
         if out[name] is None:
             del out[name]
@@ -147,7 +147,7 @@ def dtype_keys(planned: Emitted) -> list[tuple[str, Any]]:
 
 
 def _training_engine_values(out: dict[str, Any], st: Settings, critic: bool) -> None:
-    """The Megatron engine (issue 19): its keys for a Megatron job (the critic's copies with a critic, VPP and
+    """The Megatron engine: its keys for a Megatron job (the critic's copies with a critic, VPP and
     ETP only when set), none of FSDP's; for an FSDP job none of Megatron's."""
     from verl_operator.api.settings_registry import MEGATRON_SIZES
     from verl_operator.planner.megatron import FSDP_ONLY_SETTINGS, MEGATRON_SETTINGS

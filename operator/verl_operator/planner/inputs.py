@@ -36,7 +36,7 @@ class Settings:
     param_offload: bool
     optimizer_offload: bool
     critic_ppo_micro_batch_size_per_gpu: int | None = None
-    # -- the Megatron engine (issue 19; planner/megatron.py): TP x PP x CP model-parallel ranks per replica --
+    # -- the Megatron engine (planner/megatron.py): TP x PP x CP model-parallel ranks per replica --
     training_engine: str = "fsdp"
     megatron_tp: int = 1
     megatron_pp: int = 1
@@ -94,10 +94,10 @@ class Problem:
     #: node, the only way to be sure it holds whole domains).
     partial_domain_nodes: int = 0
     whole_node_fits: int = 0
-    # -- rollout engines (issue 20): the engine and TensorRT-LLM's MoE TP (planner/rules_engines.py).
+    # -- rollout engines: the engine and TensorRT-LLM's MoE TP (planner/rules_engines.py).
     rollout_name: str = "vllm"
     rollout_moe_tp: int | None = None
-    #: The training engine (issue 19): ``fsdp`` or ``megatron``, and a pinned Megatron sequence_parallel.
+    #: The training engine: ``fsdp`` or ``megatron``, and a pinned Megatron sequence_parallel.
     training_engine: str = "fsdp"
     megatron_sequence_parallel: bool | None = None
 
@@ -267,7 +267,7 @@ class Fixed:
     optimizer_offload: bool | None = None
     critic_ppo_micro_batch_size_per_gpu: int | None = None
     critic_ppo_micro_batch_size_global: int | None = None
-    # -- the Megatron engine (issue 19) --
+    # -- the Megatron engine --
     megatron_tp: int | None = None
     megatron_pp: int | None = None
     megatron_vpp: int | None = None

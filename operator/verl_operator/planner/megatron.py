@@ -1,4 +1,4 @@
-"""The Megatron training engine (issue 19): which engine a spec selects, and the Megatron mesh arithmetic.
+"""The Megatron training engine: which engine a spec selects, and the Megatron mesh arithmetic.
 
 The engine is ``fsdp`` (verl's ``ppo_trainer`` config) unless the spec or its overrides select ``megatron``
 (verl's ``ppo_megatron_trainer`` config, both release lines): ``spec.parallelism.engine``, a pasted

@@ -65,7 +65,7 @@ class MemoryInputs:
     max_num_seqs: int
     critic_params: float | None = None
     entropy: bool = False
-    #: The rollout engine (issue 20): vLLM's and SGLang's ``gpu_memory_utilization`` is a fraction of the GPU's
+    #: The rollout engine: vLLM's and SGLang's ``gpu_memory_utilization`` is a fraction of the GPU's
     #: total memory (SGLang's ``mem_fraction_static``); TensorRT-LLM's a fraction of the memory free after its
     #: weights (``free_gpu_memory_fraction``, verl 0.9.1 ``trtllm_async_server.py`` line 202).
     rollout_name: str = "vllm"

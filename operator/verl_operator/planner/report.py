@@ -69,7 +69,7 @@ def build_result(
     s, est = found.settings, found.estimate
     mesh = Mesh.of(p, s, layout.cpu_per_node)
     warnings = [*found.warnings, *shell_variable_warnings(passthrough, p), *_batch_warnings(p, mesh, est)]
-    warnings += rules_megatron.warnings(p, mesh)  # issue 19
+    warnings += rules_megatron.warnings(p, mesh)
     plan = Plan(
         verl_version=p.version,
         nodes=list(layout.candidates[: layout.nnodes]),
@@ -197,7 +197,7 @@ def _memory_plan(p: Problem, est: Estimate, tokens_per_sequence: int) -> MemoryP
 
 
 def _training_plan(mesh: Mesh) -> TrainingPlan | None:
-    """The Megatron engine's mesh (issue 19); None for FSDP (its mesh is the plan's SP and FSDP fields)."""
+    """The Megatron engine's mesh; None for FSDP (its mesh is the plan's SP and FSDP fields)."""
     s = mesh.settings
     if s.training_engine != "megatron":
         return None

@@ -65,7 +65,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         spec: The job spec.
     """
     parsed, violations, warnings = parse_overrides(spec.overrides)
-    # The training engine (issue 19): chosen before the keys are checked against its config's keys.
+    # The training engine: chosen before the keys are checked against its config's keys.
     cn_indices, cn_engine, cn_vs = megatron.config_name_entries(spec.overrides)
     violations = [v for v in violations if v.field not in {f"spec.overrides[{i}]" for i in cn_indices}]
     training, vs = _training_engine(spec, parsed, cn_engine)
@@ -84,7 +84,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         return [*violations, model]
     mode, vs = _rollout_mode(spec, pins)
     violations += vs + _unsupported(r)
-    engine, vs, engine_warnings = rules_engines.resolve_engine(spec.verl.version, mode, r)  # issue 20
+    engine, vs, engine_warnings = rules_engines.resolve_engine(spec.verl.version, mode, r)
     violations += vs
     warnings += engine_warnings
     adv = r.get_str("adv_estimator") or ("gae" if spec.algorithm.value == "ppo" else spec.algorithm.value)
@@ -103,7 +103,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
     if violations:
         return violations
     problem = _problem(spec, r, model, critic, mode, needs_critic, engine)
-    problem = replace(  # the Megatron engine (issue 19)
+    problem = replace(  # the Megatron engine
         problem,
         training_engine=training.engine,
         megatron_sequence_parallel=r.get_bool("megatron_sequence_parallel"),
@@ -213,7 +213,7 @@ def _unsupported(r: _Reader) -> list[Violation]:
     out: list[Violation] = []
     for key in ("actor_strategy", "critic_strategy"):
         strat = r.get_str(key, reads=True)
-        if strat is not None and strat not in ("fsdp", "fsdp2", "megatron"):  # megatron: issue 19
+        if strat is not None and strat not in ("fsdp", "fsdp2", "megatron"):  # megatron: the Megatron engine
             out.append(
                 Violation(
                     field=r.reads[key].source,
@@ -267,7 +267,7 @@ def _expert_parallel(r: _Reader, shape: ModelShape) -> list[Violation]:
 def _training_engine(
     spec: VerlJobSpec, parsed: list[Override], config_name: tuple[str, str] | None
 ) -> tuple[megatron.EngineChoice, list[Violation]]:
-    """The training engine (issue 19): ``spec.parallelism.engine``, the strategies, ``*.megatron.*`` keys and
+    """The training engine: ``spec.parallelism.engine``, the strategies, ``*.megatron.*`` keys and
     a pasted ``--config-name`` (``planner/megatron.py`` ``choose_engine``)."""
     spec_engine = spec.parallelism.engine
     keys = {key for key, name in dialect.INPUT_KEYS.items() if name in megatron.MEGATRON_SETTINGS}

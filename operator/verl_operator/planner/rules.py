@@ -348,7 +348,7 @@ RULES: tuple[Rule, ...] = (
     critic_micro_divides_mini,
     dynamic_token_budget,
     sp_remove_padding,
-    *rules_megatron.RULES,  # the Megatron engine (issue 19)
+    *rules_megatron.RULES,  # the Megatron engine
 )
 
 

@@ -1,4 +1,4 @@
-"""The rules of verl's Megatron engine and megatron-core (issue 19; ``docs/planner.md`` lists them with their code).
+"""The rules of verl's Megatron engine and megatron-core (``docs/planner.md`` lists them with their code).
 
 Each rule is ``(problem, mesh) -> list[Violation]`` and holds trivially for an FSDP job. The mesh's
 ``data_parallel_size`` is megatron-core's ``world / (TP x PP x CP)`` for a Megatron job (``planner/mesh.py``),

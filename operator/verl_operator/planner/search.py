@@ -78,7 +78,7 @@ MESH_RULES: tuple[rules.Rule, ...] = (
     rules_rollout.batched_tokens_cover_model_len,
     rules.sp_remove_padding,
     rules_critic.critic_mesh,
-    *rules_megatron.RULES,  # the Megatron engine (issue 19)
+    *rules_megatron.RULES,  # the Megatron engine
 )
 
 
@@ -171,7 +171,7 @@ def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found 
     )
     miss = _NearestMiss()
     fallback: Found | None = None
-    if p.training_engine == "megatron":  # issue 19: the Megatron mesh instead of Ulysses SP and FSDP
+    if p.training_engine == "megatron":  # the Megatron mesh instead of Ulysses SP and FSDP
         for c in megatron.candidates(
             p.shape, layout.world, layout.gpus_per_node, layout.nvlink_domain, fixed
         ):

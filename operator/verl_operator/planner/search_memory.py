@@ -65,7 +65,7 @@ def memory_inputs(p: Problem, mesh: Mesh) -> MemoryInputs:
         max_num_seqs=p.max_num_seqs,
         critic_params=p.critic_params,
         entropy=p.entropy,
-        rollout_name=p.rollout_name,  # issue 20
+        rollout_name=p.rollout_name,
     )
 
 
