@@ -21,9 +21,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from cluster.operators import webhook_operator
 from cluster.polling import wait_for
 from verl_devtools.devcluster import DevCluster
-from verl_devtools.devcluster.localrun import LocalOperator, install_crd
+from verl_devtools.devcluster.localrun import LocalOperator
 
 GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
 IMAGE = "ghcr.io/example/verl:0.9.1"
@@ -35,16 +36,8 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.fixture(scope="module")
 def operator(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalOperator]:
     """One operator process with its own managed webhook, shared by the module."""
-    install_crd(devcluster.kubeconfig)
-    op = LocalOperator(
-        devcluster.kubeconfig,
-        tmp_path_factory.mktemp("operator"),
-        webhook_name=f"pytest-hostile-{os.getpid()}.verl-operator.io",
-    )
-    op.start()
-    yield op
-    op.stop()
-    print(op.log_tail(80))
+    with webhook_operator(devcluster, tmp_path_factory.mktemp("operator"), "hostile") as op:
+        yield op
 
 
 def job(name: str, **spec: Any) -> dict[str, Any]:

@@ -10,16 +10,16 @@ launch ConfigMap gives verl the plan's values, the user's dict keeping only its 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from cluster.operators import webhook_operator
 from cluster.polling import wait_for
 from verl_devtools.devcluster import DevCluster
-from verl_devtools.devcluster.localrun import LocalOperator, install_crd
+from verl_devtools.devcluster.localrun import LocalOperator
 
 GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -30,16 +30,8 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.fixture(scope="module")
 def operator(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalOperator]:
     """One operator process with its own managed webhook, shared by the module."""
-    install_crd(devcluster.kubeconfig)
-    op = LocalOperator(
-        devcluster.kubeconfig,
-        tmp_path_factory.mktemp("operator"),
-        webhook_name=f"pytest-overrides-{os.getpid()}.verl-operator.io",
-    )
-    op.start()
-    yield op
-    op.stop()
-    print(op.log_tail(80))
+    with webhook_operator(devcluster, tmp_path_factory.mktemp("operator"), "overrides") as op:
+        yield op
 
 
 def job(name: str, *overrides: str) -> dict[str, Any]:

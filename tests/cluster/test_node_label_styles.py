@@ -9,7 +9,6 @@ takes a job only when ``spec.resources.gpuMemoryMiB`` gives its GPU memory.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,10 +16,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from cluster.operators import webhook_operator
 from cluster.polling import wait_for
 from verl_devtools.devcluster import DevCluster
 from verl_devtools.devcluster.jobs import verljob
-from verl_devtools.devcluster.localrun import LocalOperator, install_crd
+from verl_devtools.devcluster.localrun import LocalOperator
 
 GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
 ZONE = {"topology.kubernetes.io/zone": "us-east-1b"}  # the profile's zone: no other test's nodes
@@ -31,16 +31,8 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.fixture(scope="module")
 def operator(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalOperator]:
     devcluster.apply_profile("label-styles")
-    install_crd(devcluster.kubeconfig)
-    op = LocalOperator(
-        devcluster.kubeconfig,
-        tmp_path_factory.mktemp("operator"),
-        webhook_name=f"pytest-{os.getpid()}-styles.verl-operator.io",
-    )
-    op.start()
-    yield op
-    op.stop()
-    print(op.log_tail(60))
+    with webhook_operator(devcluster, tmp_path_factory.mktemp("operator"), "styles", log_lines=60) as op:
+        yield op
     devcluster.remove_profile("label-styles")
 
 
