@@ -18,10 +18,6 @@ from verl_contract.gpu_product import product_key, product_tokens
 from verl_operator.planner.gpu_labels import read_gpu_labels
 
 GPU_RESOURCE = "nvidia.com/gpu"
-LABEL_PRODUCT = "nvidia.com/gpu.product"
-LABEL_MEMORY = "nvidia.com/gpu.memory"
-LABEL_COUNT = "nvidia.com/gpu.count"
-LABEL_REPLICAS = "nvidia.com/gpu.replicas"
 LABEL_CLIQUE = "nvidia.com/gpu.clique"
 LABEL_NVLINK_DOMAIN = "verl-operator.io/nvlink-domain-size"
 TOPOLOGY_LABELS: tuple[str, ...] = (
