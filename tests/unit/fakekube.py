@@ -69,6 +69,11 @@ class FakeKube:
         cm = self.objects.get(("ConfigMap", namespace, name))
         return dict(cm.get("data") or {}) if cm is not None else None
 
+    def read_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.requests.append(("read_workload", name))
+        workload = self.objects.get(("Workload", namespace, name))
+        return copy.deepcopy(workload) if workload is not None else None
+
     # ---- writes ------------------------------------------------------------------------------------
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         job = self.objects[("VerlJob", namespace, name)]

@@ -53,6 +53,8 @@ class Observed:
             node watch) or ``NotReady``.
         retry_now: Try a job whose pods could not be created again now, not at its retry time (an object
             that may have been in its way changed).
+        workload: For a job handed to Kueue, the Workload of its current pod group when the pass read it
+            (:func:`verl_operator.controller.kueue.wants_workload`); None otherwise.
     """
 
     job: Mapping[str, Any]
@@ -64,6 +66,7 @@ class Observed:
     launcher_image: str | None = None
     node_states: Mapping[str, str] = field(default_factory=dict)
     retry_now: bool = False
+    workload: Mapping[str, Any] | None = None
 
     @property
     def generation(self) -> int:

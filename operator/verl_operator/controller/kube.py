@@ -14,6 +14,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from verl_operator.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from verl_operator.controller.kueue import WORKLOAD_GROUP, WORKLOAD_VERSIONS
 from verl_operator.controller.refused import ChildBlocked, name_taken, refusal
 from verl_operator.manifests.children import KUEUE_QUEUE_LABEL
 from verl_operator.manifests.names import LABEL_JOB
@@ -63,6 +64,9 @@ class KubeAPI(Protocol):
 
     def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """A ConfigMap's data, or None when it does not exist."""
+
+    def read_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Kueue's Workload of a pod group, or None when it does not exist or cannot be read."""
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """Merge-patch the job's ``status`` (a None value removes the key)."""
@@ -235,6 +239,22 @@ class Kube:
     def patch_configmap_data(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
         """Replace the ConfigMap's data keys."""
         self.core.patch_namespaced_config_map(name, namespace, {"data": dict(data)})
+
+    def read_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Kueue's Workload ``name`` (v1beta2, else v1beta1); None when it is missing or not readable (no
+        Kueue, or no RBAC grant for workloads: the status then says Kueue's reason is unknown)."""
+        for version in WORKLOAD_VERSIONS:
+            try:
+                found = self.custom.get_namespaced_custom_object(
+                    WORKLOAD_GROUP, version, namespace, "workloads", name
+                )
+                return cast(dict[str, Any], found)
+            except ApiException as exc:
+                if exc.status == 403:
+                    return None
+                if exc.status != 404:
+                    raise
+        return None
 
     def ungate(self, namespace: str, name: str) -> None:
         """Remove the pod's scheduling gates (the scheduler may bind it now)."""

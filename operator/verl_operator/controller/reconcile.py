@@ -29,10 +29,12 @@ from verl_operator.controller.decide import (
     scheduler_unavailable,
 )
 from verl_operator.controller.kube import KubeAPI, MissingAPIError
+from verl_operator.controller.kueue import wants_workload
 from verl_operator.controller.refused import ChildBlocked, ChildRefused
 from verl_operator.controller.snapshot import Reservations, Snapshot
 from verl_operator.controller.status import merge_patch
 from verl_operator.controller.transition import Transition
+from verl_operator.manifests.children import kueue_group
 from verl_operator.planner.facts import NodeFacts
 
 log = logging.getLogger("verl_operator.reconcile")
@@ -90,7 +92,10 @@ class JobReconciler:
             return
         status = parse_status(job.get("status"))
         if status.placed:
-            self._pass(namespace, job, status, pods, EMPTY, self.node_states(status))
+            workload = None
+            if wants_workload(status, pods):  # Kueue holds or evicted the pods: its Workload says why
+                workload = self.kube.read_workload(namespace, kueue_group(name, status.attempt))
+            self._pass(namespace, job, status, pods, EMPTY, self.node_states(status), workload)
             return
         self._pass(namespace, job, status, pods, None)
 
@@ -102,6 +107,7 @@ class JobReconciler:
         pods: list[dict[str, Any]],
         snap: Snapshot | None,
         node_states: Mapping[str, str] | None = None,
+        workload: Mapping[str, Any] | None = None,
     ) -> None:
         """Decide and apply (twice when the first transition created pods).
 
@@ -130,6 +136,7 @@ class JobReconciler:
                     launcher_image,
                     dict(node_states or {}),
                     retry_now=retry,
+                    workload=workload,
                 )
                 transition = decide(seen)
                 if snap is None and transition.reserve is not None:

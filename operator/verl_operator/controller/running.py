@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.api.status import Condition, Phase, StatusChange, VerlJobStatus
 from verl_operator.controller.assess import Verdict, assess, pod_phase
+from verl_operator.controller.kueue import kueue_transition
 from verl_operator.controller.pipeline import children_of
 from verl_operator.controller.status import condition, parse_time
 from verl_operator.controller.transition import Event, Transition, advance, on_change
@@ -41,6 +42,9 @@ def run(seen: Observed, spec: VerlJobSpec) -> Transition:
     )
     children = children_of(seen.job, spec, status, seen.launcher_image)
     wanted = [str(c["metadata"]["name"]) for c in children if c["kind"] == "Pod"]
+    handed = kueue_transition(seen, wanted, current, stale)  # Kueue holds or evicted the pods
+    if handed is not None:
+        return handed
     started = parse_time(status.start_time)
     on_nodes = list(zip(wanted, status.placement.nodes if status.placement else [], strict=False))
     gone = tuple((node, pod) for pod, node in on_nodes if seen.node_states.get(node) == "deleted")

@@ -17,6 +17,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from verl_operator.controller import metrics
 from verl_operator.controller.cache import JobKey, WatchCache
 from verl_operator.controller.decide import blocked_retry_due
+from verl_operator.controller.kueue import poll_due
 from verl_operator.controller.reconcile import JobReconciler
 from verl_operator.controller.timers import next_due
 
@@ -98,7 +99,9 @@ class Runtime:
         finally:
             self.running.discard(key)
             job = self.cache.job(ns, name)
-            dues = [next_due(job), blocked_retry_due(job)] if job is not None else []
+            dues = (
+                [next_due(job), blocked_retry_due(job), poll_due(job, time.time())] if job is not None else []
+            )
             due = min((d for d in dues if d is not None), default=None)
             if due is not None:
                 self.schedule(key, due)

@@ -59,6 +59,11 @@ LAUNCHER_VOLUME = "verl-launcher"
 INSTALL_LAUNCHER = "install-launcher"
 
 
+def kueue_group(job_name: str, attempt: int) -> str:
+    """The Kueue pod group (and so Workload) name of a job's attempt: ``<job>-r<attempt>``."""
+    return f"{job_name}-r{attempt}"
+
+
 def injects_launcher(spec: VerlJobSpec, plan: LaunchPlan) -> bool:
     """Whether the Ray pods get the launcher from the operator's image (``spec.verl.launcher: inject``)."""
     return spec.verl.launcher == "inject" and bool(plan.launcher_image)
@@ -289,7 +294,7 @@ def _schedule(
     if sched.gang == "kueue" and sched.queue_name is not None:
         # Kueue's pod-group integration gates, admits and places the pods itself.
         labels[KUEUE_QUEUE_LABEL] = sched.queue_name
-        labels[KUEUE_GROUP_LABEL] = f"{name}-r{attempt}"
+        labels[KUEUE_GROUP_LABEL] = kueue_group(name, attempt)
         annotations[KUEUE_GROUP_COUNT] = str(plan.nnodes)
     elif sched.gang == "volcano":
         pod_spec["schedulerName"] = "volcano"
