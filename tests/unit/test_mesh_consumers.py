@@ -29,7 +29,7 @@ from verl_operator.api.spec import VerlJobSpec
 from verl_operator.commands.plan import load_nodes
 from verl_operator.commands.render import RenderError, render
 from verl_operator.manifests import LaunchPlan, build_children
-from verl_operator.placement import request_from_plan
+from verl_operator.placement import plan_candidates, request_from_plan
 from verl_operator.planner import plan_job
 from verl_operator.planner.facts import node_facts
 from verl_operator.planner.mesh import pod_cpu
@@ -209,7 +209,10 @@ def test_a_group_spanning_nodes_passes_the_launchers_check() -> None:
     children = render(job, nodes)
     launch = _launch_spec(children)
     assert launch.expect.nvlink_group_size == 4
-    node = next(n for n in nodes if n["metadata"]["name"] in plan.candidate_nodes)
+    candidates = plan_candidates(
+        plan, VerlJobSpec.model_validate(job["spec"]), [node_facts(n) for n in nodes]
+    )
+    node = next(n for n in nodes if n["metadata"]["name"] in candidates)
     assert check_node(_probe(node, plan), launch) == []
 
 

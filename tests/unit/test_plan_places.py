@@ -18,6 +18,7 @@ from verl_contract.gpu_product import same_product
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.commands.plan import load_nodes
 from verl_operator.commands.render import render
+from verl_operator.placement import plan_candidates
 from verl_operator.planner import plan_job
 from verl_operator.planner.facts import node_facts
 
@@ -72,7 +73,8 @@ def test_a_feasible_plan_renders_one_pod_per_planned_node(cluster: Path) -> None
         pods = [c for c in render(job, nodes) if c["kind"] == "Pod"]
         placed = [p["metadata"]["annotations"]["verl-operator.io/node"] for p in pods]
         assert len(pods) == plan.nnodes and len(set(placed)) == plan.nnodes, (placed, plan.nnodes)
-        assert set(placed) <= set(plan.candidate_nodes)
+        facts = [node_facts(n) for n in nodes]
+        assert set(placed) <= set(plan_candidates(plan, VerlJobSpec.model_validate(job["spec"]), facts))
         by_name = {n["metadata"]["name"]: n for n in nodes}
         for pod, name in zip(pods, placed, strict=True):
             # The product as the planner reads it (GFD's label without a suffix, or a cloud's label).

@@ -9,8 +9,11 @@ from conftest import make_nodes, make_spec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from verl_operator.api.plan import Plan
+from verl_operator.placement import plan_candidates
 from verl_operator.planner import plan_job, rules
 from verl_operator.planner.catalog import lookup
+from verl_operator.planner.facts import node_facts
 from verl_operator.planner.overrides import parse_override
 
 MODELS = [
@@ -141,8 +144,10 @@ def check_independently(spec: Any, plan: dict[str, Any], nodes: list[dict[str, A
     assert plan["memory"]["rolloutPeakGiB"] <= plan["memory"]["gpuMemoryGiB"]
     # Placement: never more GPUs than the chosen nodes hold.
     alloc = {n["metadata"]["name"]: int(n["status"]["allocatable"]["nvidia.com/gpu"]) for n in nodes}
-    assert plan["nnodes"] <= len(plan["candidateNodes"])
-    assert all(alloc[c] >= gpn for c in plan["candidateNodes"])
+    candidates = plan_candidates(Plan.model_validate(plan), spec, [node_facts(n) for n in nodes])
+    assert plan["nnodes"] <= len(candidates) == plan["candidateNodeCount"]
+    assert plan["candidateNodesSample"] == list(candidates[:5])
+    assert all(alloc[c] >= gpn for c in candidates)
     assert sum(alloc[c] for c in plan["nodes"]) >= w
     if spec.placement.nvlink == "required":
         assert plan["nvlinkGroupSize"] == max(tp, sp)

@@ -8,7 +8,9 @@ import pytest
 from conftest import make_node, make_nodes, make_spec
 
 from verl_operator.api.plan import PlanResult
+from verl_operator.placement import plan_candidates
 from verl_operator.planner import plan_job
+from verl_operator.planner.facts import node_facts
 
 
 def feasible(result: PlanResult) -> Any:
@@ -91,7 +93,8 @@ def test_deterministic_and_order_independent() -> None:
     spec = make_spec(16, model="Qwen/Qwen3-8B")
     first = plan_job(spec, nodes).to_json_dict()
     assert plan_job(spec, list(reversed(nodes))).to_json_dict() == first
-    assert first["plan"]["candidateNodes"] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    assert first["plan"]["candidateNodeCount"] == 4
+    assert first["plan"]["candidateNodesSample"] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
 
 
 @pytest.mark.parametrize(
@@ -105,9 +108,12 @@ def test_deterministic_and_order_independent() -> None:
     ],
 )
 def test_layout_choice(gpus: int, nodes: list[dict[str, Any]], gpn: int, nnodes: int) -> None:
-    plan = feasible(plan_job(make_spec(gpus, model="Qwen/Qwen2.5-1.5B-Instruct"), nodes))
+    spec = make_spec(gpus, model="Qwen/Qwen2.5-1.5B-Instruct")
+    plan = feasible(plan_job(spec, nodes))
     assert (plan.gpus_per_node, plan.nnodes, plan.world_size) == (gpn, nnodes, gpus)
-    assert len(plan.nodes) == nnodes and set(plan.nodes) <= set(plan.candidate_nodes)
+    candidates = plan_candidates(plan, spec, [node_facts(n) for n in nodes])
+    assert len(plan.nodes) == nnodes and set(plan.nodes) <= set(candidates)
+    assert plan.candidate_node_count == len(candidates)
 
 
 def test_pinned_gpus_per_node_is_kept() -> None:
@@ -244,7 +250,8 @@ def test_topology_required_keeps_one_domain() -> None:
         placement={"topologyKey": "rack", "topologyPolicy": "required"},
     )
     plan = feasible(plan_job(spec, nodes))
-    assert plan.candidate_nodes == ["a-0", "a-1"]
+    assert plan.candidate_nodes_sample == ["a-0", "a-1"]
+    assert plan_candidates(plan, spec, [node_facts(n) for n in nodes]) == ("a-0", "a-1")
     three = make_spec(
         24,
         model="Qwen/Qwen2.5-1.5B-Instruct",
@@ -290,8 +297,10 @@ def test_unknown_gpu_memory_asks_for_the_label() -> None:
 
 def test_candidates_in_natural_name_order() -> None:
     nodes = [make_node(f"gb-{i}", 4, "NVIDIA-GB200", 189471) for i in (10, 2, 1, 0)]
-    plan = feasible(plan_job(make_spec(8, model="Qwen/Qwen2.5-1.5B-Instruct"), nodes))
-    assert plan.candidate_nodes == ["gb-0", "gb-1", "gb-2", "gb-10"]
+    spec = make_spec(8, model="Qwen/Qwen2.5-1.5B-Instruct")
+    plan = feasible(plan_job(spec, nodes))
+    assert plan.candidate_nodes_sample == ["gb-0", "gb-1", "gb-2", "gb-10"]
+    assert plan_candidates(plan, spec, [node_facts(n) for n in nodes]) == ("gb-0", "gb-1", "gb-2", "gb-10")
     assert plan.nodes == ["gb-0", "gb-1"]
 
 
@@ -344,7 +353,7 @@ def test_mini_batch_without_a_fitting_divisor_pads() -> None:
             "actor_rollout_ref.rollout.pipeline_model_parallel_size=2", "rollout-parallelism", id="rollout-pp"
         ),
         pytest.param(
-            "actor_rollout_ref.rollout.data_parallel_size=2", "rollout-parallelism", id="rollout-dp"
+            "actor_rollout_ref.rollout.data_parallel_size=3", "rollout-data-parallel", id="rollout-dp"
         ),
         pytest.param(
             "actor_rollout_ref.rollout.expert_parallel_size=2", "rollout-expert-parallel", id="ep-dense"

@@ -14,6 +14,12 @@ from pydantic import AliasChoices, Field
 
 from verl_operator.api.base import ApiModel
 
+#: Candidate node names a plan lists (the count is always there): a plan, and the ``status.plan`` that holds
+#: it, stay the same size on a cluster of any size (a list of every node was 57 KB at 5000 nodes).
+CANDIDATE_SAMPLE = 5
+#: Excluded nodes a plan lists with their reasons (the count is always there), for the same reason.
+EXCLUDED_IN_PLAN = 20
+
 
 class Violation(ApiModel):
     """One reason a job cannot run as specified.
@@ -147,7 +153,10 @@ class NodePoolPlan(ApiModel):
     gpu_memory_mib: int = Field(description="GPU memory in MiB.")
     nvlink_domain_size: int = Field(description="GPUs per NVLink domain on a node.")
     eligible_nodes: int = Field(description="Nodes of the pool.")
-    excluded: dict[str, str] = Field(description="Excluded nodes and why.")
+    excluded: dict[str, str] = Field(
+        description=f"Excluded nodes and why: the first {EXCLUDED_IN_PLAN} in natural name order."
+    )
+    excluded_count: int = Field(default=0, description="Nodes excluded in all.")
     product_selector: dict[str, str] = Field(
         default_factory=dict,
         description=(
@@ -189,7 +198,17 @@ class Plan(ApiModel):
             "candidate nodes that report CPUs offer it (null in plans of earlier releases)."
         ),
     )
-    candidate_nodes: list[str] = Field(description="Every node the job may run on.")
+    candidate_node_count: int = Field(
+        description=(
+            "Nodes the job may run on (of the node pool, with the GPUs, CPUs and memory of a pod); placement "
+            "reads them from its node snapshot, so the status stays the same size on any cluster."
+        )
+    )
+    candidate_nodes_sample: list[str] = Field(
+        default_factory=list,
+        max_length=CANDIDATE_SAMPLE,
+        description=f"The first candidate nodes in natural name order (at most {CANDIDATE_SAMPLE}).",
+    )
     nvlink_group_size: int = Field(
         description="GPUs that must share an NVLink domain (max of rollout TP and SP)."
     )
@@ -231,6 +250,6 @@ class PlanResult(ApiModel):
         """The JSON contract of ``verl-operator plan -o json`` (camelCase keys).
 
         ``plan.nodes`` lists the first ``nnodes`` candidate nodes (the operator places pods on free ones
-        among ``candidateNodes``).
+        among the ``candidateNodeCount`` candidates, read from its node snapshot).
         """
         return self.model_dump(mode="json", by_alias=True)

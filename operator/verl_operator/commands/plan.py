@@ -169,6 +169,13 @@ def live_nodes(kubeconfig: str) -> list[dict[str, Any]]:
     return [i for i in items if isinstance(i, dict)]
 
 
+def candidates_text(plan: Plan) -> str:
+    """``3 nodes: a, b, c`` or ``5000 nodes: a, b, c, d, e, ...``: the count and the plan's sample."""
+    count = plan.candidate_node_count
+    more = ", ..." if count > len(plan.candidate_nodes_sample) else ""
+    return f"{count} node{'s' if count != 1 else ''}: {', '.join(plan.candidate_nodes_sample)}{more}"
+
+
 def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
     """The ``name  value`` rows of a feasible plan in the human view.
 
@@ -178,7 +185,7 @@ def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
     rows = [
         ("verl", plan.verl_version),
         ("nodes", f"{plan.nnodes} x {plan.gpus_per_node} GPUs ({plan.node_pool.gpu_product})"),
-        ("candidates", ", ".join(plan.candidate_nodes)),
+        ("candidates", candidates_text(plan)),
         (
             "world / DP / SP / fsdp",
             f"{plan.world_size} / {plan.data_parallel_size} / "

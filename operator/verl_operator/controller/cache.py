@@ -29,7 +29,7 @@ from verl_operator.api.status import ACTIVE_PHASES, StatusView
 from verl_operator.controller.kube import Kube, response_json
 from verl_operator.controller.queue import Priorities, Rank, Waiting, rank, waiting_entry
 from verl_operator.controller.refused import BLOCKED_REASONS, refusal
-from verl_operator.controller.snapshot import Snapshot, node_capacity, pod_usage_entry
+from verl_operator.controller.snapshot import Snapshot, SnapshotMemo, node_capacity, pod_usage_entry
 from verl_operator.manifests.names import LABEL_JOB
 from verl_operator.placement import NodeCapacity
 from verl_operator.planner.facts import NodeFacts, node_facts
@@ -111,6 +111,10 @@ class WatchCache:
         self.gone: OrderedDict[str, None] = OrderedDict()
         #: Node facts recomputed (a Node changed a fact) since start: the benchmark and the tests read it.
         self.node_fact_changes = 0
+        #: The version of the node facts (one more per change, deletions too) and what decisions derived
+        #: from that version (plans, candidate nodes, static screens), reused until it moves on.
+        self.facts_version = 0
+        self.memo = SnapshotMemo()
         #: Jobs whose pods could not be created, to be tried at once (:meth:`retry_blocked`).
         self.retry_due: set[JobKey] = set()
 
@@ -124,13 +128,16 @@ class WatchCache:
             self.facts[facts.name] = facts
             self.capacities[facts.name] = node_capacity(facts)
             self.node_fact_changes += 1
+            self.facts_version += 1
             return True
 
     def drop_node(self, name: str) -> bool:
         """Forget a deleted Node; True when it was known."""
         with self.lock:
             self.capacities.pop(name, None)
-            return self.facts.pop(name, None) is not None
+            known = self.facts.pop(name, None) is not None
+            self.facts_version += known
+            return known
 
     def put_pod(self, pod: Mapping[str, Any]) -> bool:
         """Store a pod (its GPU usage; the whole pod when it belongs to a VerlJob).
@@ -346,6 +353,8 @@ class WatchCache:
                 capacities=list(self.capacities.values()),
                 queue=list(self.waiting.values()),
                 priorities=self._priorities(),
+                facts_version=self.facts_version,
+                memo=self.memo,
             )
 
 

@@ -19,8 +19,7 @@ from verl_operator.controller.queue import Waiting, hold_for, queued_message
 from verl_operator.controller.snapshot import Snapshot, gpus_in_use
 from verl_operator.controller.status import mesh_string
 from verl_operator.manifests import LaunchPlan, build_children
-from verl_operator.placement import PlacementRequest, place, request_from_plan
-from verl_operator.planner import plan_job
+from verl_operator.placement import PlacementRequest
 from verl_operator.planner.overrides import format_value
 from verl_operator.planner.resolve import resolve
 
@@ -74,7 +73,7 @@ def plan_and_place(
     Returns:
         The :class:`Planned` outcome.
     """
-    result = plan_job(spec, list(snapshot.nodes))
+    result = snapshot.plan(spec)
     if not result.feasible or result.plan is None:
         return Planned(plan=None, violations=tuple(result.violations))
     plan = result.plan
@@ -85,14 +84,14 @@ def plan_and_place(
             plan=plan,
             placement=PlacementStatus(attempt=attempt, handoff=who, message=f"placement by {who}"),
         )
-    request = request_from_plan(plan, spec)
+    request = snapshot.request(plan, spec)
     used = gpus_in_use(snapshot.pod_entries, reserved, exclude_job_uid=job_uid, live_jobs=snapshot.live_jobs)
-    nodes = snapshot.node_capacities()
-    hold = hold_for(ahead, nodes, used, lambda w: _request_today(w, snapshot))
-    chosen = place(request, [n for n in nodes if n.name not in hold.held], hold.used)
+    index = snapshot.node_index()
+    hold = hold_for(ahead, index, used, lambda w: _request_today(w, snapshot))
+    chosen = index.place(request, hold.used, closed=hold.held)
     if not chosen.feasible:
         if hold.holders:
-            alone = place(request, nodes, used)
+            alone = index.place(request, used)
             if alone.feasible:
                 return Planned(plan=plan, message=queued_message(hold.holders), queued=True)
             chosen = alone
@@ -104,11 +103,12 @@ def plan_and_place(
 
 
 def _request_today(waiting: Waiting, snapshot: Snapshot) -> PlacementRequest | None:
-    """The request of a queued job without a plan, planned on today's nodes (None: still no plan)."""
+    """The request of a queued job on today's nodes: its plan's, or, without one, planned now (None: still
+    no plan)."""
     if waiting.spec is None:
-        return None
-    result = plan_job(waiting.spec, list(snapshot.nodes))
-    return request_from_plan(result.plan, waiting.spec) if result.plan is not None else None
+        return waiting.request
+    plan = waiting.plan if waiting.plan is not None else snapshot.plan(waiting.spec).plan
+    return snapshot.request(plan, waiting.spec) if plan is not None else None
 
 
 #: An override of the plan longer than this is written to status as its key, length and hash only.

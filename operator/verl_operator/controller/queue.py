@@ -27,11 +27,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from verl_operator.api.plan import Plan
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.api.status import StatusView
 from verl_operator.controller.refused import BLOCKED_REASONS
-from verl_operator.placement import NodeCapacity, PlacementRequest, place, request_from_plan
-from verl_operator.placement.choose import screen_node
+from verl_operator.placement import NodeCapacity, PlacementRequest, request_from_plan
+from verl_operator.placement.index import NodeIndex
 
 Rank = tuple[int, str, str]
 
@@ -68,9 +69,11 @@ class Waiting:
         uid: ``metadata.uid``.
         priority_class: ``spec.scheduling.priorityClassName`` (None: unset).
         created: ``metadata.creationTimestamp`` (RFC 3339 in UTC, so text order is time order).
-        request: What it asks of the nodes (from its ``status.plan`` and spec); None when it has no plan (it
-            waits for nodes: planned again when it comes up, see :func:`hold_for`).
-        spec: The parsed spec of a job without a plan (None otherwise).
+        request: What it asks of the nodes (from its ``status.plan`` and spec; any node may be a candidate:
+            the plan keeps only their count, :func:`hold_for`'s ``request_of`` reads them from the nodes);
+            None when it has no plan (it waits for nodes: planned again when it comes up).
+        spec: The parsed spec.
+        plan: Its ``status.plan`` (None: none).
     """
 
     key: str
@@ -79,6 +82,7 @@ class Waiting:
     created: str
     request: PlacementRequest | None
     spec: VerlJobSpec | None = None
+    plan: Plan | None = None
 
     def rank(self, priorities: Priorities) -> Rank:
         """The sort key of the queue: higher priority, then older, then the name."""
@@ -111,7 +115,8 @@ def waiting_entry(job: Mapping[str, Any]) -> Waiting | None:
         priority_class=spec.scheduling.priority_class_name,
         created=str(meta.get("creationTimestamp") or ""),
         request=request_from_plan(plan, spec) if plan is not None else None,
-        spec=spec if plan is None else None,
+        spec=spec,
+        plan=plan,
     )
 
 
@@ -136,14 +141,14 @@ class Hold:
     holders: tuple[str, ...]
 
 
-def usable_nodes(request: PlacementRequest, nodes: Sequence[NodeCapacity]) -> set[str]:
+def usable_nodes(request: PlacementRequest, nodes: Sequence[NodeCapacity] | NodeIndex) -> set[str]:
     """The nodes that could take one pod of the request were all their GPUs free."""
-    return {n.name for n in nodes if screen_node(request, n, 0) is None}
+    return (nodes if isinstance(nodes, NodeIndex) else NodeIndex(nodes)).usable(request)
 
 
 def hold_for(
     ahead: Sequence[Waiting],
-    nodes: Sequence[NodeCapacity],
+    nodes: Sequence[NodeCapacity] | NodeIndex,
     used: Mapping[str, int],
     request_of: Callable[[Waiting], PlacementRequest | None] | None = None,
 ) -> Hold:
@@ -151,35 +156,36 @@ def hold_for(
 
     Args:
         ahead: The jobs ranked before the job being placed, in rank order (:func:`ahead_of`).
-        nodes: The cluster's nodes.
+        nodes: The cluster's nodes (a :class:`~verl_operator.placement.index.NodeIndex` keeps their static
+            screens from one placement to the next).
         used: GPUs in use or reserved per node now.
-        request_of: Plans a job ahead that has no plan (it waited for nodes) on today's nodes: its request,
-            or None when it still cannot be planned (it holds nothing). None: such jobs hold nothing.
+        request_of: The request of a job ahead on today's nodes: its plan's with the candidate nodes read
+            from the nodes, or, for a job without a plan (it waited for nodes), planned now; None when it
+            still cannot be planned (it holds nothing). None: each job's own :attr:`Waiting.request`, and
+            jobs without a plan hold nothing.
 
     Returns:
         The GPUs and nodes the job being placed must leave alone.
     """
+    index = nodes if isinstance(nodes, NodeIndex) else NodeIndex(nodes)
     taken = dict(used)
     held: set[str] = set()
     holders: list[str] = []
     for waiting in ahead:
-        open_nodes = [n for n in nodes if n.name not in held]
-        if not open_nodes:
-            break
-        request = waiting.request
-        if request is None and request_of is not None:
-            request = request_of(waiting)
+        if len(held) >= len(index.nodes):
+            break  # every node is held
+        request = request_of(waiting) if request_of is not None else waiting.request
         if request is None:
             continue  # no plan on today's nodes: it waits for nodes, holding none
-        fit = place(request, open_nodes, taken)
+        fit = index.place(request, taken, closed=frozenset(held))
         if fit.feasible:
             for name in fit.nodes:
                 taken[name] = taken.get(name, 0) + request.gpus_per_node
             holders.append(waiting.key)
             continue
-        if not place(request, nodes, {}).feasible:
+        if not index.place(request, {}).feasible:
             continue  # too large for today's nodes even when idle: it waits for nodes, holding none
-        usable = usable_nodes(request, nodes) - held
+        usable = index.usable(request) - held
         if usable:
             held |= usable
             holders.append(waiting.key)

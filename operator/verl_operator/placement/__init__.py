@@ -9,6 +9,6 @@ from __future__ import annotations
 
 from verl_operator.placement.choose import place
 from verl_operator.placement.model import NodeCapacity, Placement, PlacementRequest
-from verl_operator.placement.request import request_from_plan
+from verl_operator.placement.request import plan_candidates, request_from_plan
 
-__all__ = ["NodeCapacity", "Placement", "PlacementRequest", "place", "request_from_plan"]
+__all__ = ["NodeCapacity", "Placement", "PlacementRequest", "place", "plan_candidates", "request_from_plan"]

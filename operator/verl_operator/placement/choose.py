@@ -23,7 +23,9 @@ The search is deterministic: the same request and snapshot give the same nodes, 
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from verl_contract.gpu_product import same_product
 from verl_operator.placement.model import NodeCapacity, Placement, PlacementRequest
@@ -32,23 +34,24 @@ from verl_operator.planner.mesh import fits_nvlink_domain
 GroupKey = tuple[str | None, str | None]
 
 
-def screen_node(
-    request: PlacementRequest, node: NodeCapacity, used: int, candidates: frozenset[str] | None = None
-) -> str | None:
+def screen_node(request: PlacementRequest, node: NodeCapacity, used: int) -> str | None:
     """Why ``node`` cannot take one pod of the job, or None when it can.
 
     Args:
         request: The job's request.
         node: The node.
         used: GPUs already requested on the node by other pods and reserved by other jobs.
-        candidates: ``request.candidates`` as a set, when the caller screens many nodes (a tuple lookup per
-            node made screening a cluster quadratic in its size).
 
     Returns:
         A short reason (Kueue TAS snapshot style), or None.
     """
-    allowed = candidates if candidates is not None else request.candidates
-    if request.candidates is not None and allowed is not None and node.name not in allowed:
+    reason = static_reason(request, node)
+    return reason if reason is not None else free_reason(request, node, used)
+
+
+def static_reason(request: PlacementRequest, node: NodeCapacity) -> str | None:
+    """The screens of :func:`screen_node` that read no GPU use: the same for a node until its facts change."""
+    if request.candidates is not None and node.name not in request.candidates:
         return "not eligible in the plan (product, selector, taints or GPU count)"
     if not node.schedulable:
         return "not schedulable (cordoned or not Ready)"
@@ -63,6 +66,11 @@ def screen_node(
             return reason
     if request.topology_policy == "required" and request.topology_key not in node.labels:
         return f"no {request.topology_key} label (topologyPolicy required)"
+    return None
+
+
+def free_reason(request: PlacementRequest, node: NodeCapacity, used: int) -> str | None:
+    """The last screen of :func:`screen_node`: too few free GPUs (allocatable minus ``used``), else None."""
     free = node.gpus - used
     if free < request.gpus_per_node:
         return f"{max(free, 0)} of {node.gpus} GPUs free, job needs {request.gpus_per_node} per node"
@@ -90,6 +98,37 @@ def _nvlink_reason(request: PlacementRequest, node: NodeCapacity) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Screen:
+    """A request shape's static screens on a snapshot (:func:`screen`): the same until a node's facts change.
+
+    Attributes:
+        static: ``(node, reason)`` of every node in name order; None: passes every screen but free GPUs.
+        groups: Per ``by_domain`` of the attempts (steps 3-4), the nodes that pass by group key (topology
+            domain, NVLink clique), each group in name order.
+    """
+
+    static: tuple[tuple[NodeCapacity, str | None], ...]
+    groups: Mapping[bool, Mapping[GroupKey, tuple[NodeCapacity, ...]]]
+
+
+def screen(request: PlacementRequest, nodes: Sequence[NodeCapacity]) -> Screen:
+    """Step 1 of the module's algorithm without the free-GPU screen, and the groups of step 2, for ``nodes``
+    in name order (the caller sorts them)."""
+    static = tuple((n, static_reason(request, n)) for n in nodes)
+    passing = [n for n, reason in static if reason is None]
+    options = _attempts(request)
+    groups: dict[bool, dict[GroupKey, tuple[NodeCapacity, ...]]] = {}
+    for by_domain in options:
+        grouped: dict[GroupKey, list[NodeCapacity]] = {}
+        for node in passing:
+            key = _group_key(request, node, by_domain)
+            if key is not None:
+                grouped.setdefault(key, []).append(node)
+        groups[by_domain] = {k: tuple(v) for k, v in grouped.items()}
+    return Screen(static=static, groups=groups)
+
+
 def place(request: PlacementRequest, nodes: Sequence[NodeCapacity], used: Mapping[str, int]) -> Placement:
     """Choose ``request.nnodes`` nodes for the job, or say what is missing.
 
@@ -100,26 +139,48 @@ def place(request: PlacementRequest, nodes: Sequence[NodeCapacity], used: Mappin
 
     Returns:
         A feasible :class:`Placement` with every node, or an infeasible one with the reasons; never a part.
+        :meth:`verl_operator.placement.index.NodeIndex.place` gives the same answer, keeping the
+        :class:`Screen` of a request shape from one call to the next.
     """
+    return place_screened(request, screen(request, sorted(nodes, key=lambda n: n.name)), used)
+
+
+def place_screened(
+    request: PlacementRequest,
+    screened: Screen,
+    used: Mapping[str, int],
+    closed: frozenset[str] = frozenset(),
+) -> Placement:
+    """:func:`place` on nodes already screened (:func:`screen`); ``closed`` nodes are left out as if they were
+    not in the snapshot. Reads each node's GPU use once; what it does per node is a lookup and a subtraction."""
     if request.nnodes < 1 or request.gpus_per_node < 1:
         return Placement(feasible=False, message="the plan asks for no nodes")
     free: dict[str, int] = {}
     excluded: list[tuple[str, str]] = []
     eligible: list[NodeCapacity] = []
-    allowed = None if request.candidates is None else frozenset(request.candidates)
-    for node in sorted(nodes, key=lambda n: n.name):
-        reason = screen_node(request, node, used.get(node.name, 0), allowed)
+    need = request.gpus_per_node
+    busy: dict[tuple[int, int], str] = {}  # one reason text per (free, allocatable), not one per node
+    for node, reason in screened.static:
+        name = node.name
+        if name in closed:
+            continue
         if reason is None:
-            eligible.append(node)
-            free[node.name] = node.gpus - used.get(node.name, 0)
-        else:
-            excluded.append((node.name, reason))
+            left = node.gpus - used.get(name, 0)
+            if left >= need:
+                eligible.append(node)
+                free[name] = left
+                continue
+            reason = busy.get((left, node.gpus))
+            if reason is None:
+                reason = busy[(left, node.gpus)] = (
+                    f"{max(left, 0)} of {node.gpus} GPUs free, job needs {need} per node"
+                )
+        excluded.append((name, reason))
     excluded_t = tuple(excluded)
 
     use_domain = request.topology_policy is not None and request.topology_key is not None
-    attempts = [use_domain, False] if request.topology_policy == "preferred" else [use_domain]
-    for by_domain in attempts:
-        chosen = _best_group(request, eligible, free, by_domain)
+    for by_domain in _attempts(request):
+        chosen = _best_group(request, screened.groups[by_domain], free)
         if chosen is not None:
             key, names = chosen
             where = []
@@ -141,6 +202,12 @@ def place(request: PlacementRequest, nodes: Sequence[NodeCapacity], used: Mappin
     )
 
 
+def _attempts(request: PlacementRequest) -> list[bool]:
+    """Steps 3-4: group by topology domain (when a policy names a key), then, when preferred, without it."""
+    use_domain = request.topology_policy is not None and request.topology_key is not None
+    return [use_domain, False] if request.topology_policy == "preferred" else [use_domain]
+
+
 def _group_key(request: PlacementRequest, node: NodeCapacity, by_domain: bool) -> GroupKey | None:
     domain = None
     if by_domain:
@@ -153,23 +220,23 @@ def _group_key(request: PlacementRequest, node: NodeCapacity, by_domain: bool) -
 
 
 def _best_group(
-    request: PlacementRequest, eligible: Sequence[NodeCapacity], free: Mapping[str, int], by_domain: bool
+    request: PlacementRequest, groups: Mapping[GroupKey, Sequence[NodeCapacity]], free: Mapping[str, int]
 ) -> tuple[GroupKey, tuple[str, ...]] | None:
-    groups: dict[GroupKey, list[NodeCapacity]] = {}
-    for node in eligible:
-        key = _group_key(request, node, by_domain)
-        if key is not None:
-            groups.setdefault(key, []).append(node)
+    """Step 3: the tightest group of at least ``nnodes`` nodes with the GPUs free (``free``: the nodes that
+    have them), and its best-fit nodes."""
     best: tuple[tuple[int, str, str], GroupKey, tuple[str, ...]] | None = None
     needed = request.nnodes * request.gpus_per_node
-    for key, members in groups.items():
+    for key, group in groups.items():
+        members = [(free[n.name], n.name) for n in group if n.name in free]
         if len(members) < request.nnodes:
             continue
-        spare = sum(free[n.name] for n in members) - needed
+        spare = sum(f for f, _ in members) - needed
         rank = (spare, key[0] or "", key[1] or "")
         if best is None or rank < best[0]:
-            picked = sorted(members, key=lambda n: (free[n.name], n.name))[: request.nnodes]
-            best = (rank, key, tuple(sorted(n.name for n in picked)))
+            # Fewest free GPUs first, then the name: == sorted(members)[:nnodes] (heapq documents it),
+            # without sorting a group of thousands of nodes.
+            picked = heapq.nsmallest(request.nnodes, members)
+            best = (rank, key, tuple(sorted(name for _, name in picked)))
     return None if best is None else (best[1], best[2])
 
 

@@ -12,7 +12,7 @@ TopologyPolicy = Literal["required", "preferred"]
 
 #: Excluded nodes listed in ``status.placement`` (the count is always there): keeps the object small on
 #: clusters of thousands of nodes.
-MAX_EXCLUDED_IN_STATUS = 50
+MAX_EXCLUDED_IN_STATUS = 20
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ class PlacementRequest:
     Attributes:
         nnodes: Nodes (Ray pods) of the job.
         gpus_per_node: GPUs each pod holds.
-        candidates: Node names the planner found eligible (None: every node is a candidate).
+        candidates: Node names the plan may run on, from today's node facts
+            (:func:`~verl_operator.placement.request.plan_candidates`; None: every node is a candidate).
         gpu_product: Required ``nvidia.com/gpu.product`` (None: any).
         node_selector: Labels every chosen node must carry.
         nvlink_required: ``spec.placement.nvlink == "required"``.
@@ -56,7 +57,7 @@ class PlacementRequest:
 
     nnodes: int
     gpus_per_node: int
-    candidates: tuple[str, ...] | None = None
+    candidates: frozenset[str] | None = None
     gpu_product: str | None = None
     node_selector: Mapping[str, str] = field(default_factory=dict)
     nvlink_required: bool = False

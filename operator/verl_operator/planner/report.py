@@ -6,6 +6,8 @@ import re
 from collections.abc import Sequence
 
 from verl_operator.api.plan import (
+    CANDIDATE_SAMPLE,
+    EXCLUDED_IN_PLAN,
     BatchingPlan,
     MemoryPhase,
     MemoryPlan,
@@ -18,7 +20,7 @@ from verl_operator.api.plan import (
 )
 from verl_operator.api.settings_registry import SETTINGS
 from verl_operator.planner import dialect, rules_megatron
-from verl_operator.planner.cluster import Layout, Pool
+from verl_operator.planner.cluster import Layout, Pool, name_key
 from verl_operator.planner.inputs import Problem, Settings
 from verl_operator.planner.memory import GIB, SAFETY_FACTOR, Estimate, Phase
 from verl_operator.planner.mesh import Mesh
@@ -76,7 +78,8 @@ def build_result(
         nnodes=mesh.nnodes,
         gpus_per_node=mesh.gpus_per_node,
         cpu_per_node=mesh.cpu_per_node,
-        candidate_nodes=list(layout.candidates),
+        candidate_node_count=len(layout.candidates),
+        candidate_nodes_sample=list(layout.candidates[:CANDIDATE_SAMPLE]),
         nvlink_group_size=mesh.nvlink_group_size,
         nvlink_group_per_node=mesh.nvlink_group_per_node,
         world_size=mesh.world,
@@ -92,13 +95,21 @@ def build_result(
             gpu_memory_mib=pool.memory_mib,
             nvlink_domain_size=layout.nvlink_domain,
             eligible_nodes=len(pool.nodes),
-            excluded=dict(sorted(excluded.items())),
+            excluded=bounded_excluded(excluded),
+            excluded_count=len(excluded),
             product_selector=dict(pool.selector),
         ),
         overrides=dialect.emit(_emitted(p, s, adv, model_path), passthrough),
         training=_training_plan(mesh),
     )
     return PlanResult(feasible=True, violations=[], warnings=warnings, plan=plan)
+
+
+def bounded_excluded(excluded: dict[str, str]) -> dict[str, str]:
+    """The first :data:`EXCLUDED_IN_PLAN` excluded nodes in natural name order (the planner's node order),
+    with their reasons: the plan lists a sample, its ``excludedCount`` counts them all."""
+    names = sorted(excluded, key=name_key)[:EXCLUDED_IN_PLAN]
+    return {name: excluded[name] for name in names}
 
 
 def _batch_warnings(p: Problem, mesh: Mesh, est: Estimate) -> list[str]:
