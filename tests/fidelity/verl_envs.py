@@ -47,6 +47,8 @@ VERL_PINS: dict[str, tuple[str, ...]] = {
         "pillow==12.0.0",
         "pydantic==2.14.4",
         "packaging>=20",
+        # the Megatron workers' config checks (verl_runner_megatron.py); imports without a GPU
+        "megatron-core==0.16.1",
     ),
     "0.6.1": (
         "hydra-core==1.3.2",
@@ -67,6 +69,7 @@ VERL_PINS: dict[str, tuple[str, ...]] = {
         "peft==0.21.2",
         "accelerate==1.15.0",
         "psutil>=5",
+        "megatron-core==0.14.0",  # the megatron-core of verl 0.6.1's docker images (core_v0.14.0rc7)
     ),
 }
 

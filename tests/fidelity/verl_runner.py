@@ -39,6 +39,10 @@ The checks, in the order ``verl.trainer.main_ppo`` meets them:
 7. ``monkey_patch``: ``verl.models.transformers.monkey_patch.apply_monkey_patch``, which the FSDP workers
    call after loading the model, on a meta-device model of the folder's config, for each Ulysses
    sequence-parallel size in use (it asserts attention and KV heads against the SP size).
+8. ``megatron_*`` (actor strategy ``megatron`` only): what verl's Megatron workers run before they load
+   the model, in their order (``megatron_checks`` below): the engine's asserts, megatron-core's
+   process-group arithmetic, megatron-core's own ``TransformerConfig`` and ``get_num_layers_to_build``
+   (megatron-core installed in the environment), and the mini-batch normalisation by Megatron's DP.
 
 This file imports only the standard library at module level: it runs on the verl environment's Python.
 """
@@ -57,6 +61,9 @@ from pathlib import Path
 from typing import Any
 
 MAIN_MODULE = "verl.trainer.main_ppo"
+#: ``--config-path`` values that name main_ppo's own config folder: Hydra resolves a relative path against the
+#: folder of the file declaring ``@hydra.main`` (``verl/trainer/main_ppo.py``, ``config_path="config"``).
+OWN_CONFIG_PATHS = ("config", "./config", "config/")
 #: Override keys that name model folders; the runner points them at the generated local folder.
 MODEL_PATH_KEYS = (
     "actor_rollout_ref.model.path",
@@ -208,7 +215,7 @@ class Checker:
                 args = get_args_parser().parse_args(argv[3:])
             except SystemExit as exc:  # argparse reports usage errors by exiting
                 raise ValueError(f"hydra's argument parser rejected {argv[3:]} (exit {exc.code})") from exc
-            if args.config_path or args.config_dir:
+            if (args.config_path and args.config_path not in OWN_CONFIG_PATHS) or args.config_dir:
                 raise ValueError("argv selects another config path; only verl's own configs are checked")
             config_name = args.config_name or config_name
             overrides = list(args.overrides)
@@ -423,6 +430,15 @@ class Checker:
         for size in sorted(sizes):
             apply_monkey_patch(model=model, ulysses_sp_size=size, use_remove_padding=use_remove_padding)
 
+    def _megatron(self, config: Any, use_critic: bool, model_dir: Path) -> None:
+        """The Megatron workers' checks before they load the model (``verl_runner_megatron.py``)."""
+        from verl_runner_megatron import MegatronCheckFailed, megatron_checks
+
+        try:
+            megatron_checks(self.version, config, use_critic, model_dir)
+        except MegatronCheckFailed as failed:
+            raise CheckFailed(failed.stage, failed.error) from failed.error
+
     # -- driver ---------------------------------------------------------------------------------
     def check(self, request: dict[str, Any]) -> dict[str, Any]:
         """Run every stage on one request; return its result object."""
@@ -446,6 +462,8 @@ class Checker:
             self._critic_model(config, use_critic)
             stage = "rollout_registry"
             self._rollout(config, rollout_config)
+            stage = "megatron"
+            self._megatron(config, use_critic, model_dir)
             stage = "monkey_patch"
             self._worker_patches(config, use_ref, use_critic, model_dir)
         except CheckFailed as failed:

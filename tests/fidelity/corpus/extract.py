@@ -6,6 +6,9 @@ reads the bash; nothing is executed), with the script's own variable defaults an
 ``HOME`` and ``PWD``. Each command is one row; the rows that use FSDP and vLLM form the corpus, the others are
 listed with the reason they are left out.
 
+With ``--megatron`` the rows are instead the commands that launch verl's own Megatron config
+(``verl-megatron-scripts.json``, see ``megatron_exclusion``).
+
 Usage (``git`` must be on PATH)::
 
     python tests/fidelity/corpus/extract.py --git-dir /path/to/verl.git --ref v0.6.1 --ref HEAD \\
@@ -20,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -218,8 +222,53 @@ def _exclusion(row: dict[str, Any]) -> str | None:
     return None
 
 
-def rows_for(git_dir: str, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The corpus rows and the excluded commands/scripts of one ref."""
+#: ``--config-path`` values that name ``main_ppo``'s own config folder: Hydra resolves a relative config path
+#: against the folder of the file that declares ``@hydra.main`` (``verl/trainer/main_ppo.py``, whose own
+#: ``config_path`` is ``"config"``), so these select ``verl/trainer/config``, the built-in configs.
+OWN_CONFIG_PATHS: tuple[str, ...] = ("config", "./config", "config/")
+#: The reason ``megatron_exclusion`` gives an FSDP command (those are listed in verl-example-scripts.json).
+NOT_MEGATRON = "not a Megatron launch (no megatron config or strategy)"
+#: The rollout engines the Megatron corpus keeps (the planner models all three).
+MEGATRON_ENGINES: tuple[str, ...] = ("vllm", "sglang", "trtllm")
+
+
+def megatron_exclusion(row: dict[str, Any]) -> str | None:
+    """Why a command is not a Megatron launch of verl's own ``ppo_megatron_trainer`` config, or None.
+
+    A row is kept when its config is ``ppo_megatron_trainer`` (``.yaml`` or not) from verl's own config
+    folder (no ``--config-path``, or one of ``OWN_CONFIG_PATHS``), its actor strategy is ``megatron`` (the
+    config's default), it rolls out with one of ``MEGATRON_ENGINES`` on CUDA and names its model.
+    """
+    overrides = row["overrides"]
+    name = (row["config_name"] or "ppo_trainer").removesuffix(".yaml")
+    strategy = _last(overrides, f"{ARR}.actor.strategy")
+    if strategy != "megatron" and "megatron" not in name:
+        return NOT_MEGATRON
+    if "npu" in Path(row["source"]["path"]).stem.lower().split("_"):
+        return "an Ascend NPU script"
+    if row["config_path"] is not None and row["config_path"] not in OWN_CONFIG_PATHS:
+        return f"uses its own config folder (--config-path={row['config_path']})"
+    if name != "ppo_megatron_trainer":
+        return f"config {name} (not ppo_megatron_trainer)"
+    if strategy not in (None, "megatron"):
+        return f"actor strategy {strategy}"
+    engine = _last(overrides, f"{ARR}.rollout.name")
+    if engine not in MEGATRON_ENGINES:
+        return f"rollout engine {engine or '(unset)'}"
+    device = _last(overrides, "trainer.device")
+    if device not in (None, "cuda"):
+        return f"trainer.device={device}"
+    if _last(overrides, f"{ARR}.model.path") is None:
+        return "no actor_rollout_ref.model.path"
+    return None
+
+
+def rows_for(
+    git_dir: str, ref: str, exclusion: Callable[[dict[str, Any]], str | None] | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The corpus rows and the excluded commands/scripts of one ref (``exclusion``: why a command is left out,
+    ``_exclusion`` when not given)."""
+    exclusion = exclusion or _exclusion
     commit = _git(git_dir, "rev-parse", f"{ref}^{{commit}}").strip()
     date = _git(git_dir, "show", "-s", "--format=%cs", commit).strip()
     listing = _git(git_dir, "ls-tree", "-r", commit, "examples").splitlines()
@@ -243,7 +292,7 @@ def rows_for(git_dir: str, ref: str) -> tuple[list[dict[str, Any]], list[dict[st
         for index, invocation in enumerate(found):
             row = {"id": f"{ref}:{path}#{index}", "source": {**source, "line": invocation.line}}
             row.update(_split_args(invocation.args))
-            reason = _exclusion(row)
+            reason = exclusion(row)
             if reason is not None:
                 excluded.append({"source": row["source"], "reason": reason})
                 continue
@@ -256,6 +305,14 @@ def rows_for(git_dir: str, ref: str) -> tuple[list[dict[str, Any]], list[dict[st
     return rows, excluded
 
 
+def _not_megatron(entry: dict[str, Any]) -> bool:
+    """An excluded entry that the Megatron file does not list: an FSDP command, or an unreadable script
+    whose name does not say Megatron."""
+    reason = str(entry["reason"])
+    unread = reason.startswith("shell syntax not read") and "megatron" not in entry["source"]["path"].lower()
+    return reason == NOT_MEGATRON or unread
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--git-dir", required=True, help="a clone (bare is fine) of volcengine/verl")
@@ -264,15 +321,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--engine", action="append", help="a rollout engine to keep (repeatable; default vllm)"
     )
+    parser.add_argument(
+        "--megatron",
+        action="store_true",
+        help="keep the launches of verl's own ppo_megatron_trainer config instead (megatron_exclusion)",
+    )
     args = parser.parse_args(argv)
     global ENGINES
     ENGINES = tuple(args.engine or ENGINES)
+    exclusion = megatron_exclusion if args.megatron else _exclusion
     rows: list[dict[str, Any]] = []
     excluded: list[dict[str, Any]] = []
     for ref in args.ref:
-        got, left_out = rows_for(args.git_dir, ref)
+        got, left_out = rows_for(args.git_dir, ref, exclusion)
         rows += got
-        excluded += left_out
+        excluded += [e for e in left_out if not (args.megatron and _not_megatron(e))]
     document = {
         "about": "verl example launch scripts, expanded as main_ppo receives them; see README.md here",
         "generator": "tests/fidelity/corpus/extract.py",
