@@ -23,9 +23,11 @@ from verl_operator.controller.cache import WatchCache
 from verl_operator.controller.decide import Observed, place_job
 from verl_operator.controller.queue import waiting_entry
 from verl_operator.controller.snapshot import Snapshot, SnapshotMemo, node_capacity
+from verl_operator.controller.webhook import check_admission
 from verl_operator.placement import NodeCapacity, PlacementRequest, place
 from verl_operator.placement.index import NodeIndex
 from verl_operator.planner import plan_job
+from verl_operator.planner.budget import Budget
 from verl_operator.planner.facts import node_facts
 
 H100, L40S, RACK = "NVIDIA-H100-80GB-HBM3", "NVIDIA-L40S", "rack"
@@ -234,3 +236,33 @@ def test_a_placement_reuses_the_plan_of_its_spec(large: Snapshot) -> None:
     computed = memo.plans_computed
     placed_status(large, 5)  # the same spec (2 nodes) under another name
     assert memo.plans_computed == computed
+
+
+# ---- admission reviews share the memo ---------------------------------------------------------------------
+
+
+def test_a_review_and_a_reconcile_plan_a_spec_once() -> None:
+    cache = WatchCache()
+    for node in make_nodes(2):
+        cache.put_node(node)
+    spec = make_spec(16)
+    body = spec.to_wire()
+    reviewed = check_admission(body, None, (), planner=cache.plan)
+    assert reviewed == check_admission(body, None, make_nodes(2))  # the same answer as planning anew
+    assert cache.memo.plans_computed == 1
+    assert check_admission(body, None, (), planner=cache.plan) == reviewed and cache.memo.plans_computed == 1
+    planned = cache.snapshot().plan(spec).plan  # the reconcile's
+    assert planned is not None and planned.model_dump(mode="json", by_alias=True) == reviewed.plan
+    assert cache.memo.plans_computed == 1 and cache.memo.plans_reused == 2
+    cache.put_node(make_node("gpu-2"))  # a new node: planned again
+    check_admission(body, None, (), planner=cache.plan)
+    assert cache.memo.plans_computed == 2
+
+
+def test_a_plan_cut_short_by_the_reviews_budget_is_not_kept() -> None:
+    cache = WatchCache()
+    cache.put_node(make_node("gpu-0"))
+    spec = make_spec(8)
+    cut = cache.plan(spec, Budget(steps=1))  # a budget that ends before the plan does
+    assert [v.rule for v in cut.violations] == ["plan-too-large"]
+    assert cache.plan(spec).feasible and cache.memo.plans_computed == 2

@@ -24,7 +24,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, cast
 
-from verl_operator.api.spec import GROUP, PLURAL, VERSION
+from verl_operator.api.plan import PlanResult
+from verl_operator.api.spec import GROUP, PLURAL, VERSION, VerlJobSpec
 from verl_operator.api.status import ACTIVE_PHASES, StatusView
 from verl_operator.controller.kube import Kube, response_json
 from verl_operator.controller.queue import Priorities, Rank, Waiting, rank, waiting_entry
@@ -32,6 +33,7 @@ from verl_operator.controller.refused import BLOCKED_REASONS, refusal
 from verl_operator.controller.snapshot import Snapshot, SnapshotMemo, node_capacity, pod_usage_entry
 from verl_operator.manifests.names import LABEL_JOB
 from verl_operator.placement import NodeCapacity
+from verl_operator.planner.budget import Budget
 from verl_operator.planner.facts import NodeFacts, node_facts
 
 JobKey = tuple[str, str]
@@ -339,6 +341,13 @@ class WatchCache:
         """Every node's facts."""
         with self.lock:
             return list(self.facts.values())
+
+    def plan(self, spec: VerlJobSpec, budget: Budget | None = None) -> PlanResult:
+        """The plan of ``spec`` on the nodes now, from the memo when a reconcile or a review of the same spec
+        planned it on the same node facts (the admission webhook's planner)."""
+        with self.lock:
+            version, nodes = self.facts_version, list(self.facts.values())
+        return self.memo.plan(version, spec, nodes, budget)
 
     def snapshot(self) -> Snapshot:
         """Nodes, GPU pods and placed jobs now (a consistent copy, taken under the lock)."""

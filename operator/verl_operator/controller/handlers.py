@@ -173,7 +173,7 @@ def validate_job(
         raise kopf.AdmissionError(
             f"VerlJob rejected:\n- spec: the admission policy is unusable: {exc}", code=422
         ) from exc
-    checked = check_admission(dict(spec), old_spec, RUNTIME.cache.node_list(), policy=policy)
+    checked = check_admission(dict(spec), old_spec, (), policy=policy, planner=RUNTIME.cache.plan)
     problems, ns = checked.problems, namespace or "default"
     changed = old_spec is None or old_spec != dict(spec)
     if not problems and _API:

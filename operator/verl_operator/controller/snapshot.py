@@ -23,6 +23,7 @@ from verl_operator.manifests.names import ANNOTATION_NODE, LABEL_JOB
 from verl_operator.placement import NodeCapacity, PlacementRequest, plan_candidates, request_from_plan
 from verl_operator.placement.index import NodeIndex
 from verl_operator.planner import plan_job
+from verl_operator.planner.budget import Budget
 from verl_operator.planner.facts import NodeFacts, node_facts
 
 TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})
@@ -160,9 +161,18 @@ class SnapshotMemo:
             self._candidates.clear()
 
     def plan(
-        self, version: int, spec: VerlJobSpec, nodes: Sequence[NodeFacts | Mapping[str, Any]]
+        self,
+        version: int,
+        spec: VerlJobSpec,
+        nodes: Sequence[NodeFacts | Mapping[str, Any]],
+        budget: Budget | None = None,
     ) -> PlanResult:
-        """The planner's result for ``spec`` on the nodes of ``version`` (planned once per spec and version)."""
+        """The planner's result for ``spec`` on the nodes of ``version`` (planned once per spec and version).
+
+        ``budget``: the planner's budget when planning now (an admission review's deadline). A result cut
+        short by it (``plan-too-large``) is not kept: with more time the plan may exist. Any other result is
+        what an unbounded plan gives (the planner is pure), so reconciles and reviews share them.
+        """
         key = spec.model_dump_json()
         with self._lock:
             self._at(version)
@@ -171,10 +181,11 @@ class SnapshotMemo:
                 self._plans.move_to_end(key)
                 self.plans_reused += 1
                 return found
-        result = plan_job(spec, list(nodes))
+        result = plan_job(spec, list(nodes), budget=budget)
+        cut_short = any(v.rule == "plan-too-large" for v in result.violations)
         with self._lock:
             self.plans_computed += 1
-            if self._version == version:
+            if self._version == version and not cut_short:
                 self._plans[key] = result
                 while len(self._plans) > MAX_PLANS:
                     self._plans.popitem(last=False)

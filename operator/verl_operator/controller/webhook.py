@@ -20,6 +20,7 @@ from cryptography.x509.oid import NameOID
 from pydantic import ValidationError
 
 from verl_operator.api.errors import validation_lines
+from verl_operator.api.plan import PlanResult
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner import plan_job
 from verl_operator.planner.budget import Budget
@@ -61,6 +62,10 @@ def admission_problems(
     return check_admission(spec, old_spec, nodes, clock, policy).problems
 
 
+#: Plans a spec within a budget (``WatchCache.plan``).
+Planner = Callable[[VerlJobSpec, Budget], PlanResult]
+
+
 @dataclass(frozen=True)
 class Admission:
     """The outcome of the admission checks.
@@ -82,10 +87,15 @@ def check_admission(
     nodes: Sequence[Mapping[str, Any] | NodeFacts],
     clock: Callable[[], float] = time.monotonic,
     policy: AdminPolicy | None = None,
+    planner: Planner | None = None,
 ) -> Admission:
-    """:func:`admission_problems` with the parsed spec and the plan of an admitted, planned spec."""
+    """:func:`admission_problems` with the parsed spec and the plan of an admitted, planned spec.
+
+    ``planner`` plans the parsed spec within the review's budget (the operator's: the watch cache's memo, so
+    a spec planned on the same node facts is not planned again); None: ``plan_job`` on ``nodes``.
+    """
     try:
-        return _check(spec, old_spec, nodes, clock, policy or AdminPolicy())
+        return _check(spec, old_spec, nodes, clock, policy or AdminPolicy(), planner)
     except Exception as exc:  # the last line of defence: a denial that says why, never an HTTP 500
         LOG.exception("admission check failed")
         return Admission(
@@ -99,6 +109,7 @@ def _check(
     nodes: Sequence[Mapping[str, Any] | NodeFacts],
     clock: Callable[[], float],
     policy: AdminPolicy,
+    planner: Planner | None = None,
 ) -> Admission:
     plain = json.loads(json.dumps(dict(spec or {})))  # plain types (kopf hands in mapping views)
     if old_spec is not None and _without_suspend(old_spec) == _without_suspend(plain):
@@ -109,7 +120,7 @@ def _check(
         return Admission(validation_lines(exc))
     denied = policy_problems(parsed, policy)
     budget = Budget(clock=clock, deadline=clock() + PLAN_SECONDS)
-    result = plan_job(parsed, list(nodes), budget=budget)
+    result = planner(parsed, budget) if planner is not None else plan_job(parsed, list(nodes), budget=budget)
     if result.feasible:
         return Admission(denied, parsed, result.to_json_dict()["plan"])
     return Admission(denied + [v.one_line() for v in result.violations], parsed)
