@@ -43,17 +43,24 @@ class Violation(ApiModel):
 
 
 class RolloutPlan(ApiModel):
-    """The vLLM rollout layout."""
+    """The rollout layout: the engine (vLLM, SGLang or TensorRT-LLM), its replicas and their KV cache."""
 
     mode: str = Field(description="Rollout mode in the verl dialect (sync = SPMD, async = server).")
     name: str = Field(default="vllm", description="Rollout engine.")
-    tensor_parallel_size: int = Field(description="vLLM tensor parallel size per replica.")
-    replicas: int = Field(description="vLLM replicas (GPUs / tensorParallelSize).")
+    tensor_parallel_size: int = Field(description="The rollout engine's tensor parallel size per replica.")
+    replicas: int = Field(
+        description="Rollout replicas (GPUs / (tensorParallelSize x rollout data_parallel_size))."
+    )
     prompts_per_replica: float = Field(description="Prompts each replica generates per step.")
     sequences_per_replica: float = Field(
         description="Sequences (prompts x n) each replica generates per step."
     )
-    gpu_memory_utilization: float = Field(description="Fraction of GPU memory vLLM may take.")
+    gpu_memory_utilization: float = Field(
+        description=(
+            "gpu_memory_utilization: the fraction of GPU memory vLLM (or SGLang's mem_fraction_static) may take; "
+            "TensorRT-LLM: the fraction of the memory free after the weights load."
+        )
+    )
     max_model_len: int = Field(description="Longest sequence (prompt + response) in tokens.")
     kv_cache_tokens_per_replica: int = Field(description="Tokens the KV cache of one replica holds.")
 
@@ -223,7 +230,7 @@ class Plan(ApiModel):
     data_parallel_size: int = Field(description="Data parallel size of the actor.")
     sequence_parallel_size: int = Field(description="Ulysses sequence parallel size.")
     fsdp_size: int = Field(description="FSDP shard group size (-1 = the whole world).")
-    rollout: RolloutPlan = Field(description="The vLLM rollout layout.")
+    rollout: RolloutPlan = Field(description="The rollout layout (engine, replicas, KV cache).")
     batching: BatchingPlan = Field(description="Batch sizes and the derived per-GPU numbers.")
     memory: MemoryPlan = Field(description="Per-GPU memory estimate.")
     padding: PaddingPlan = Field(description="Padding the trainer adds per step.")

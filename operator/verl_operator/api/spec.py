@@ -102,8 +102,8 @@ class VerlSpec(ApiModel):
         min_length=1,
         max_length=L.MAX_IMAGE,
         description=(
-            "Container image with verl and vLLM: Python 3.10+, ray with pydantic 2 (ray[default]), verl, and "
-            "nvidia-smi on GPU nodes. It needs no part of this project unless launcher is image."
+            "Container image with verl and the rollout engine (vLLM, SGLang or TensorRT-LLM): Python 3.10+, ray "
+            "with pydantic 2 (ray[default]), verl, and nvidia-smi on GPU nodes. It needs no part of this project unless launcher is image."
         ),
     )
     version: VerlVersion = Field(
@@ -519,7 +519,9 @@ class VerlJobSpec(ApiModel):
     algorithm: Algorithm = SETTINGS.field("adv_estimator", default=Algorithm.GRPO)
     data: DataSpec = Field(default_factory=DataSpec, description="Datasets and batch/length settings.")
     resources: ResourcesSpec = Field(description="GPUs and node selection.")
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="vLLM rollout settings.")
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec, description="Rollout settings (vLLM, SGLang or TensorRT-LLM)."
+    )
     critic: CriticSpec = Field(default_factory=CriticSpec, description="The critic (algorithm ppo).")
     parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec, description="Training parallelism.")
     batching: BatchingSpec = Field(default_factory=BatchingSpec, description="Mini/micro batch settings.")
