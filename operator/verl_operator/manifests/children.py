@@ -33,6 +33,7 @@ from verl_operator.manifests.names import (
     ANNOTATION_NODE,
     GANG_GATE,
     LABEL_ATTEMPT,
+    LABEL_ENGINE,
     LABEL_INDEX,
     LABEL_JOB,
     LABEL_ROLE,
@@ -42,6 +43,9 @@ from verl_operator.manifests.names import (
 from verl_operator.planner.cluster import TOLERATED_TAINT_KEYS
 from verl_operator.planner.mesh import pod_memory
 
+#: /dev/shm of every Ray pod (a memory-backed emptyDir): NCCL, Ray's object store and the rollout engines pass
+#: tensors between a pod's processes through it. Above the 32g that verl's SGLang guide gives its containers
+#: (``--shm-size 32g``, ``docs/sglang_multiturn/search_tool_example.rst`` line 23); spec.resources.shmSize sets it.
 DEFAULT_SHM = "64Gi"
 CONTAINER = "ray"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -209,7 +213,12 @@ def _build_pod(
     name, namespace, _ = job_identity(job)
     names = ChildNames(name, namespace)
     role = "head" if index == 0 else "worker"
-    labels = {LABEL_ROLE: role, LABEL_ATTEMPT: str(attempt), LABEL_INDEX: str(index)}
+    labels = {
+        LABEL_ROLE: role,
+        LABEL_ATTEMPT: str(attempt),
+        LABEL_INDEX: str(index),
+        LABEL_ENGINE: plan.rollout_engine,
+    }
     annotations: dict[str, str] = {}
     security = spec.security
     pod_spec: dict[str, Any] = {

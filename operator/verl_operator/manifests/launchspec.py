@@ -84,6 +84,8 @@ class LaunchPlan:
     launcher_image: str | None = None
     #: The training engine (``Plan.training``): ``megatron`` runs verl's ppo_megatron_trainer config.
     training_engine: str = "fsdp"
+    #: The rollout engine (``Plan.rollout.name``): ``vllm``, ``sglang`` or ``trtllm``.
+    rollout_engine: str = "vllm"
 
     @classmethod
     def from_plan(
@@ -110,6 +112,7 @@ class LaunchPlan:
             nodes=tuple(nodes),
             launcher_image=launcher_image,
             training_engine=plan.training.engine if plan.training is not None else "fsdp",
+            rollout_engine=plan.rollout.name,
         )
 
     @property

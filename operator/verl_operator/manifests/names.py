@@ -20,6 +20,8 @@ LABEL_JOB = "verl-operator.io/job"
 LABEL_ROLE = "verl-operator.io/role"
 LABEL_ATTEMPT = "verl-operator.io/attempt"
 LABEL_INDEX = "verl-operator.io/node-index"
+#: The plan's rollout engine (``vllm``, ``sglang``, ``trtllm``) on every Ray pod.
+LABEL_ENGINE = "verl-operator.io/rollout-engine"
 ANNOTATION_NODE = "verl-operator.io/node"
 GANG_GATE = "verl-operator.io/gang"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "verl-operator", "app.kubernetes.io/name": "verl"}
