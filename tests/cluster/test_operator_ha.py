@@ -35,6 +35,7 @@ from verl_devtools.devcluster.jobs import verljob
 from verl_devtools.devcluster.localrun import LocalOperator
 from verl_operator.clusters.labels import PROFILE
 from verl_operator.controller.reconcile import CREATE_DELAY_ENV
+from verl_operator.manifests.names import GANG_GATE
 
 GROUP, VERSION, PLURAL = "verl-operator.io", "v1alpha1", "verljobs"
 #: The election's defaults (client-go's): the standby takes over this long after it last saw a renew.
@@ -47,10 +48,25 @@ def make_job(name: str, gpus: int, **spec: Any) -> dict[str, Any]:
     return verljob(name, gpus, resources={"nodeSelector": {PROFILE: "dgx-h100"}}, **spec)
 
 
+#: Short durations for the tests that are about what the standby does, not how soon: lease, renew, retry.
+QUICK = (
+    "--leader-election-lease-duration=4",
+    "--leader-election-renew-deadline=2",
+    "--leader-election-retry-period=0.5",
+)
+
+
 def replica(
-    devcluster: DevCluster, workdir: Path, name: str, namespace: str, lease: str, **env: str
+    devcluster: DevCluster,
+    workdir: Path,
+    name: str,
+    namespace: str,
+    lease: str,
+    durations: tuple[str, ...] = (),
+    **env: str,
 ) -> LocalOperator:
-    """One replica: leader election on ``namespace/lease`` (default durations), the webhook served."""
+    """One replica: leader election on ``namespace/lease`` (default durations unless ``durations`` names
+    others), the webhook served."""
     return LocalOperator(
         devcluster.kubeconfig,
         workdir,
@@ -61,6 +77,7 @@ def replica(
             "--leader-elect",
             f"--leader-election-namespace={namespace}",
             f"--leader-election-id={lease}",
+            *durations,
         ),
     )
 
@@ -296,3 +313,124 @@ def test_a_leader_that_loses_the_lease_stops_reconciling_and_resumes_when_it_lea
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+
+def _gated(pod: client.V1Pod) -> bool:
+    return any(g.name == GANG_GATE for g in pod.spec.scheduling_gates or [])
+
+
+def _delete(custom: client.CustomObjectsApi, namespace: str, *names: str) -> None:
+    for name in names:
+        try:
+            custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def test_leader_killed_mid_gang_the_standby_releases_the_same_pods(
+    devcluster: DevCluster, dgx: None, kube: client.ApiClient, kubectl: Any, namespace: str, tmp_path: Path
+) -> None:
+    """Killed after every pod of the gang exists but before any is released from the gang's scheduling
+    gate: the standby releases exactly those pods (same UIDs, nothing recreated) and the job runs."""
+    core, custom = client.CoreV1Api(kube), client.CustomObjectsApi(kube)
+    lease = f"ha-{uuid.uuid4().hex[:6]}"
+
+    def pods() -> list[client.V1Pod]:
+        return core.list_namespaced_pod(namespace, label_selector="verl-operator.io/job=gang").items
+
+    # The test hook pauses 3 s after each created pod, the last one included, before the gates are removed.
+    leader = replica(devcluster, tmp_path / "a", "op-a", namespace, lease, QUICK, **{CREATE_DELAY_ENV: "3"})
+    standby = replica(devcluster, tmp_path / "b", "op-b", namespace, lease, QUICK)
+    try:
+        leader.start()
+        wait_for(lambda: holder(kube, namespace, lease).startswith("op-a_"), "op-a holds the lease", 20, 0.1)
+        standby.start()
+        applied = kubectl(["apply", "-n", namespace, "-f", "-"], input=json.dumps(make_job("gang", 24)))
+        assert applied.returncode == 0, applied.stderr
+        gang = wait_for(lambda: (p := pods()) and len(p) == 3 and p, "the whole gang created", 40, 0.05)
+        leader.kill()
+        assert all(_gated(p) for p in gang), "killed while every pod still waits at the gang's gate"
+        uids = {p.metadata.uid for p in gang}
+
+        wait_for(lambda: holder(kube, namespace, lease).startswith("op-b_"), "op-b takes over", 15, 0.05)
+        wait_for(lambda: not any(_gated(p) for p in pods()) or None, "the gang released", 30, 0.1)
+        obj: Any = wait_for(
+            lambda: (
+                (o := custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "gang"))
+                and (o.get("status") or {}).get("phase") == "Running"
+                and o
+            ),
+            "gang Running",
+            30,
+        )
+        final = pods()
+        assert {p.metadata.uid for p in final} == uids, "the same pods, none recreated"
+        by_index = {int(p.metadata.labels["verl-operator.io/node-index"]): p.spec.node_name for p in final}
+        assert [by_index[i] for i in range(3)] == obj["status"]["placement"]["nodes"]
+    finally:
+        leader.stop()
+        standby.stop()
+        _delete(custom, namespace, "gang")
+
+
+def test_leader_killed_mid_deletion_leaves_no_pod_behind(
+    devcluster: DevCluster, dgx: None, kube: client.ApiClient, kubectl: Any, namespace: str, tmp_path: Path
+) -> None:
+    """The VerlJob deleted while the leader is creating its pods, then the leader killed: the standby
+    creates nothing for the deleted job, its pods are collected (owner references), and a job created
+    meanwhile gets the GPUs the deleted one had."""
+    core, custom = client.CoreV1Api(kube), client.CustomObjectsApi(kube)
+    lease = f"ha-{uuid.uuid4().hex[:6]}"
+
+    def pods(job: str) -> list[client.V1Pod]:
+        return core.list_namespaced_pod(namespace, label_selector=f"verl-operator.io/job={job}").items
+
+    leader = replica(devcluster, tmp_path / "a", "op-a", namespace, lease, QUICK, **{CREATE_DELAY_ENV: "2"})
+    standby = replica(devcluster, tmp_path / "b", "op-b", namespace, lease, QUICK)
+    try:
+        leader.start()
+        wait_for(lambda: holder(kube, namespace, lease).startswith("op-a_"), "op-a holds the lease", 20, 0.1)
+        standby.start()
+        # 32 GPUs of the profile's 32: the next job can only run once the deleted one's pods are gone.
+        applied = kubectl(["apply", "-n", namespace, "-f", "-"], input=json.dumps(make_job("gone", 32)))
+        assert applied.returncode == 0, applied.stderr
+        wait_for(lambda: len(pods("gone")) >= 1 or None, "the leader's first pod", 30, 0.05)
+        _delete(custom, namespace, "gone")
+        leader.kill()
+        # Read after the kill: a pod that appears later and is not here was created by the standby. The
+        # collector may already have removed some (or all) of the dead leader's pods.
+        seen = {p.metadata.name for p in pods("gone")}
+        assert len(seen) < 4, "killed in the middle of creating the 4 pods"
+        applied = kubectl(["apply", "-n", namespace, "-f", "-"], input=json.dumps(make_job("after", 32)))
+        assert applied.returncode == 0, applied.stderr
+
+        wait_for(lambda: holder(kube, namespace, lease).startswith("op-b_"), "op-b takes over", 15, 0.05)
+
+        def settled() -> bool:
+            left = {p.metadata.name for p in pods("gone")}
+            assert left <= seen, f"a pod created for the deleted job after the kill: {left - seen}"
+            return not left
+
+        wait_for(settled, "the deleted job's pods collected", 60, 0.2)
+        wait_for(
+            lambda: (
+                (
+                    custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "after").get(
+                        "status"
+                    )
+                    or {}
+                ).get("phase")
+                == "Running"
+                or None
+            ),
+            "the next job Running on the freed GPUs",
+            60,
+        )
+        assert len(pods("after")) == 4
+        listed: Any = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        assert [o["metadata"]["name"] for o in listed["items"]] == ["after"]
+    finally:
+        leader.stop()
+        standby.stop()
+        _delete(custom, namespace, "gone", "after")
