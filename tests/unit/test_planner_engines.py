@@ -78,6 +78,63 @@ ENGINE_CASES = [
         id="ep-rule-holds-for-sglang",
     ),
     pytest.param(
+        rules_rollout.rollout_expert_parallel,
+        {"rollout_name": "sglang", "rollout_ep": 4, "rollout_dp": 2},
+        {"rollout_tp": 2},
+        None,
+        id="ep-equals-tp-x-dp",
+    ),
+    # Data parallelism inside a replica (rollout.data_parallel_size).
+    pytest.param(
+        rules_engines.rollout_data_parallel,
+        {"rollout_name": "sglang", "rollout_dp": 2},
+        {"rollout_tp": 2},
+        None,
+        id="sglang-dp2-tp2-8gpus",
+    ),
+    pytest.param(
+        rules_engines.rollout_data_parallel,
+        {"rollout_name": "sglang", "rollout_dp": 3},
+        {"rollout_tp": 2},
+        "rollout-data-parallel",
+        id="sglang-dp3-tp2-does-not-divide-8",
+    ),
+    pytest.param(
+        rules_engines.rollout_data_parallel,
+        {"rollout_name": "vllm", "rollout_dp": 4},
+        {"rollout_tp": 2},
+        None,
+        id="vllm-dp4-tp2-one-node",
+    ),
+    pytest.param(
+        rules_engines.rollout_data_parallel,
+        {"rollout_name": "vllm", "rollout_dp": 2},
+        {"rollout_tp": 2},
+        "rollout-data-parallel",
+        id="vllm-dp-replica-below-a-node",
+    ),
+    pytest.param(
+        rules_engines.rollout_data_parallel,
+        {"rollout_name": "trtllm", "rollout_dp": 2},
+        {"rollout_tp": 2},
+        "rollout-data-parallel",
+        id="trtllm-takes-no-dp",
+    ),
+    pytest.param(
+        rules_engines.rollout_data_parallel,
+        {"version": "0.6", "rollout_name": "sglang", "rollout_mode": "sync", "rollout_dp": 2},
+        {"rollout_tp": 2},
+        "rollout-data-parallel",
+        id="sglang-0.6-spmd-takes-no-dp",
+    ),
+    pytest.param(
+        rules_engines.rollout_data_parallel,
+        {"version": "0.6", "rollout_name": "sglang", "rollout_mode": "async", "rollout_dp": 2},
+        {"rollout_tp": 2},
+        None,
+        id="sglang-0.6-server-dp2",
+    ),
+    pytest.param(
         rules_rollout.batched_tokens_cover_model_len,
         {
             "version": "0.6",
@@ -120,7 +177,49 @@ def test_engine_rule(
 
 
 def test_engine_rules_are_checked() -> None:
-    assert {rules_engines.trtllm_moe_split, rules_engines.sglang_spmd_model_len} <= set(rules.RULES)
+    assert {
+        rules_engines.trtllm_moe_split,
+        rules_engines.sglang_spmd_model_len,
+        rules_engines.rollout_data_parallel,
+    } <= set(rules.RULES)
+
+
+def test_rollout_dp_message_shows_the_arithmetic_and_the_sizes_that_fit() -> None:
+    p = make_problem(rollout_name="sglang", rollout_dp=3)
+    [v] = rules_engines.rollout_data_parallel(p, Mesh.of(p, make_settings(rollout_tp=2)))
+    assert v.message == (
+        "8 GPUs are not divisible by the replica's tensorParallelSize 2 x 3 = 6; a replica of 2 x 3 = 6 GPUs "
+        "would straddle nodes of 8 GPUs"
+    )
+    assert v.suggestions == ["use data_parallel_size 2 or 4"]
+
+
+def test_rollout_dp_plans_fewer_replicas() -> None:
+    result = _plan(
+        "0.9", {"name": "sglang", "tensorParallelSize": 2}, [f"{ARR}.rollout.data_parallel_size=2"]
+    )
+    assert result.feasible, [v.one_line() for v in result.violations]
+    assert result.plan.rollout.replicas == 2  # 8 GPUs / (TP 2 x DP 2)
+    assert f"{ARR}.rollout.data_parallel_size=2" in result.plan.overrides
+
+
+@pytest.mark.parametrize(
+    ("override", "refused"),
+    [
+        pytest.param(f"++{ARR}.rollout.sglang_rollout_mode=server", True, id="rollout-field-verl-lacks"),
+        pytest.param(f"+{ARR}.rollout.server.timeout=60", False, id="server-is-a-RolloutConfig-field"),
+        pytest.param(f"++{ARR}.rollout.engine_kwargs.sglang.foo=1", False, id="open-mapping"),
+        pytest.param(f"++{ARR}.model.foo_bar=1", True, id="model-field-verl-lacks"),
+        pytest.param(f"{ARR}.rollout.multi_turn.max_user_turns=2", False, id="a-key-of-the-config"),
+    ],
+)
+def test_added_fields_of_verls_dataclasses(override: str, refused: bool) -> None:
+    result = _plan("0.9", {"name": "sglang"}, [override])
+    rules_hit = {v.rule for v in result.violations}
+    assert ("override-dataclass-field" in rules_hit) == refused, [v.one_line() for v in result.violations]
+    if refused:
+        [v] = [v for v in result.violations if v.rule == "override-dataclass-field"]
+        assert v.field.startswith("spec.overrides[0]") and "constructor refuses it" in v.message
 
 
 def test_moe_split_message_shows_the_arithmetic() -> None:
@@ -232,10 +331,51 @@ def test_multi_turn_with_0_6_spmd_vllm_warns() -> None:
     result = _plan("0.6", {}, [f"{ARR}.rollout.multi_turn.enable=True"])
     assert result.violations == []
     assert any("multi_turn.enable=True" in w for w in result.warnings)
-    assert not _plan("0.6", {"name": "sglang"}, [f"{ARR}.rollout.multi_turn.enable=True"]).warnings or all(
-        "multi_turn" not in w
-        for w in _plan("0.6", {"name": "sglang"}, [f"{ARR}.rollout.multi_turn.enable=True"]).warnings
+    raw = [f"{ARR}.rollout.multi_turn.enable=True", "data.return_raw_chat=True"]
+    assert all("multi_turn" not in w for w in _plan("0.6", {"name": "sglang"}, raw).warnings)
+
+
+def test_multi_turn_sglang_spmd_without_raw_chat_warns() -> None:
+    result = _plan("0.6", {"name": "sglang"}, [f"{ARR}.rollout.multi_turn.enable=True"])
+    assert result.violations == []
+    assert any("data.return_raw_chat=True" in w and "line 1432" in w for w in result.warnings)
+
+
+@pytest.mark.parametrize(
+    ("version", "fmt", "warns"),
+    [
+        pytest.param("0.9", "hermes", False, id="hermes"),
+        pytest.param("0.9", "kimi", False, id="kimi-0.9"),
+        pytest.param("0.6", "kimi", True, id="kimi-not-in-0.6"),
+        pytest.param("0.9", "qwen", True, id="qwen-no-parser"),
+    ],
+)
+def test_multi_turn_format_is_a_tool_parser_of_the_release(version: str, fmt: str, warns: bool) -> None:
+    overrides = [f"{ARR}.rollout.multi_turn.enable=True", f"{ARR}.rollout.multi_turn.format={fmt}"]
+    result = _plan(
+        version, {"name": "sglang", "mode": "server"} if version == "0.6" else {"name": "sglang"}, overrides
     )
+    assert any(f"format={fmt} is not a tool parser" in w for w in result.warnings) == warns, result.warnings
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        f"{ARR}.rollout.multi_turn.max_user_turns=2",
+        f"{ARR}.rollout.agent.num_workers=4",
+        f"{ARR}.rollout.agent.agent_loop_config_path=/etc/loops.yaml",
+        f"{ARR}.rollout.agent.default_agent_loop=tool_agent",
+        f"{ARR}.rollout.multi_turn.format=hermes",
+    ],
+)
+def test_multi_turn_and_agent_loop_keys_pass_through(override: str) -> None:
+    result = _plan("0.9", {"name": "sglang"}, [override])
+    assert result.feasible and override in result.plan.overrides
+
+
+def test_multi_turn_keys_are_type_checked() -> None:
+    result = _plan("0.9", {"name": "sglang"}, [f"{ARR}.rollout.multi_turn.max_user_turns=many"])
+    assert any("max_user_turns" in v.field for v in result.violations)
 
 
 @pytest.mark.parametrize(

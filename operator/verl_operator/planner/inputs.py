@@ -97,6 +97,9 @@ class Problem:
     # -- rollout engines: the engine and TensorRT-LLM's MoE TP (planner/rules_engines.py).
     rollout_name: str = "vllm"
     rollout_moe_tp: int | None = None
+    #: ``rollout.data_parallel_size``: data parallel ranks inside one rollout replica (None: 1).
+    rollout_dp: int | None = None
+    rollout_dp_source: str = "spec.overrides (actor_rollout_ref.rollout.data_parallel_size)"
     #: The training engine: ``fsdp`` or ``megatron``, and a pinned Megatron sequence_parallel.
     training_engine: str = "fsdp"
     megatron_sequence_parallel: bool | None = None

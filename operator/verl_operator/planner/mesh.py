@@ -173,7 +173,8 @@ class Mesh:
                 if s.fsdp_size == -1 or s.fsdp_size >= s.world
                 else s.fsdp_size
             ),
-            rollout_replicas=max(1, s.world // s.rollout_tp),
+            # A replica holds TP x rollout DP GPUs (verl's RolloutReplica.world_size).
+            rollout_replicas=max(1, s.world // (s.rollout_tp * (p.rollout_dp or 1))),
             trajectories=s.trajectories,
             padded_trajectories=padded,
             mini_per_gpu=mini // dp,

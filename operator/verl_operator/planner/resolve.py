@@ -70,7 +70,11 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
     violations = [v for v in violations if v.field not in {f"spec.overrides[{i}]" for i in cn_indices}]
     training, vs = _training_engine(spec, parsed, cn_engine)
     violations += cn_vs + vs
-    violations += verl_keys.key_violations(parsed, megatron.keys_line(spec.verl.version, training.engine))
+    keys_line = megatron.keys_line(spec.verl.version, training.engine)
+    violations += verl_keys.key_violations(parsed, keys_line)
+    violations += rules_engines.added_dataclass_fields(
+        parsed, spec.verl.version, verl_keys.known_keys(keys_line), verl_keys.source_release(keys_line)
+    )
     owned, passthrough, vs = read_owned(parsed, dialect.INPUT_KEYS)
     violations += vs
     reads, _, vs = read_owned(passthrough, dialect.READ_KEYS, owned=False)
@@ -242,12 +246,8 @@ UNSUPPORTED_ROLLOUT = (
         "pipeline_model_parallel_size",
         "verl's vLLM, SGLang and TensorRT-LLM rollouts do not implement pipeline parallelism",
     ),
-    (
-        "rollout_dp",
-        "data_parallel_size",
-        "the planner does not model data parallelism inside a rollout replica",
-    ),
 )
+# rollout_dp (data parallelism inside a replica) is checked per engine: rules_engines.rollout_data_parallel.
 
 
 def _expert_parallel(r: _Reader, shape: ModelShape) -> list[Violation]:
@@ -378,6 +378,10 @@ def _problem(
         rollout_mode=mode,
         rollout_name=engine,
         rollout_moe_tp=r.get_int("rollout_moe_tp", reads=True),
+        rollout_dp=r.get_int("rollout_dp", reads=True),
+        rollout_dp_source=(
+            r.reads["rollout_dp"].source if "rollout_dp" in r.reads else Problem.rollout_dp_source
+        ),
         critic_params=critic.params if critic is not None else None,
         critic_model_path=critic.path if critic is not None else None,
         mean_prompt_length=spec.data.mean_prompt_length,

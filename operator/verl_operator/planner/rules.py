@@ -21,7 +21,7 @@ from verl_operator.planner.arith import or_text as _or
 from verl_operator.planner.inputs import SPEC_PATHS, Problem
 from verl_operator.planner.mesh import Mesh, heads_allow_sp
 from verl_operator.planner.rules_critic import critic_mesh, critic_micro_divides_mini
-from verl_operator.planner.rules_engines import sglang_spmd_model_len, trtllm_moe_split
+from verl_operator.planner.rules_engines import rollout_data_parallel, sglang_spmd_model_len, trtllm_moe_split
 from verl_operator.planner.rules_rollout import (
     batched_tokens_cover_model_len,
     max_model_len,
@@ -336,6 +336,7 @@ RULES: tuple[Rule, ...] = (
     rollout_tp_heads,
     rollout_replica_node,
     rollout_expert_parallel,
+    rollout_data_parallel,
     trtllm_moe_split,
     nvlink_groups,
     max_model_len,

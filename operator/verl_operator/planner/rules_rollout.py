@@ -166,16 +166,23 @@ def batched_tokens_cover_model_len(p: Problem, mesh: Mesh) -> list[Violation]:
 
 
 def rollout_expert_parallel(p: Problem, mesh: Mesh) -> list[Violation]:
-    """Rule 15: rollout expert parallelism > 1 must equal rollout TP x rollout DP (DP is 1 here); not for
+    """Rule 15: rollout expert parallelism > 1 must equal rollout TP x rollout DP (0.6.1
+    ``workers/config/rollout.py`` line 204, 0.9.1 line 292); not for
     TensorRT-LLM (0.9.1 ``workers/config/rollout.py`` line 294; ``rules_engines.trtllm_moe_split``)."""
-    ep = p.rollout_ep
-    if p.rollout_name == "trtllm" or ep is None or ep <= 1 or ep == mesh.rollout_tp:
+    ep, dp = p.rollout_ep, p.rollout_dp or 1
+    if p.rollout_name == "trtllm" or ep is None or ep <= 1 or ep == mesh.rollout_tp * dp:
         return []
     return [
         Violation(
             field="spec.overrides (actor_rollout_ref.rollout.expert_parallel_size)",
             rule="rollout-expert-parallel",
-            message=f"rollout expert_parallel_size {ep} must equal tensorParallelSize {mesh.rollout_tp} x rollout DP 1",
-            suggestions=[f"use tensorParallelSize {ep}", "or drop expert_parallel_size"],
+            message=(
+                f"rollout expert_parallel_size {ep} must equal tensorParallelSize {mesh.rollout_tp} x rollout "
+                f"data_parallel_size {dp} = {mesh.rollout_tp * dp}"
+            ),
+            suggestions=[
+                f"use tensorParallelSize {ep // dp}" if ep % dp == 0 else f"use tensorParallelSize {ep}"
+            ]
+            + ["or drop expert_parallel_size"],
         )
     ]
