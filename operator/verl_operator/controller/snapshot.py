@@ -112,8 +112,9 @@ def gpus_in_use(
 #: Plans a memo keeps per version of the node facts (least recently used dropped first): a plan is a few KB,
 #: and a cluster's queue and admission reviews repeat far fewer distinct specs.
 MAX_PLANS = 512
-#: Candidate sets kept per version (one per distinct pool, GPUs per node and placement constraints).
-MAX_CANDIDATE_SETS = 256
+#: Candidate sets kept per version (one per distinct pool, GPUs per node and placement constraints; a set of
+#: 5000 names takes 0.5 MB: at most 32 MB), least recently used dropped first.
+MAX_CANDIDATE_SETS = 64
 
 
 def candidates_key(plan: Plan, spec: VerlJobSpec) -> Hashable:

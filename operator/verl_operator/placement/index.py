@@ -21,9 +21,10 @@ from collections.abc import Hashable, Mapping, Sequence
 from verl_operator.placement.choose import Screen, place_screened, screen
 from verl_operator.placement.model import NodeCapacity, Placement, PlacementRequest
 
-#: Request shapes an index keeps screens for (a shape is a few KB per thousand nodes): far more than the
-#: distinct pools, selectors and NVLink groups of a cluster's queue; past it the oldest is dropped.
-MAX_SHAPES = 256
+#: Request shapes an index keeps screens for (a shape holds a pair per node: 0.34 MB at 5000 nodes, at most
+#: 22 MB): more than the distinct pools, selectors, GPUs per node and NVLink groups of
+#: a cluster's queue; past it the oldest is dropped.
+MAX_SHAPES = 64
 
 
 def shape_of(request: PlacementRequest) -> Hashable:
