@@ -8,12 +8,18 @@
    ``workers/config/rollout.py`` lines 280-342: mode, EP and TensorRT-LLM's MoE split, pipeline, disaggregation),
    the rollout registry's (engine, mode) pairs (``workers/rollout/base.py``) and ``RolloutReplica``'s sizing
    (0.9.1 ``workers/rollout/replica.py`` line 113).
+   Scripts that use one of verl's example config folders (``--config-path``, the SGLang multi-turn examples)
+   are stored as facts (``corpus/config_folders.py``): the folder's base config and its values flattened to
+   ``++key=value`` overrides, which go in front of the script's own; verl composes ``--config-name=<base>``
+   with them and the planner plans the same overrides (with a pasted ``--config-name=ppo_megatron_trainer``
+   for a Megatron base).
 2. Planner-generated specs for each engine x release line x shipped cluster profile: every plan the planner
    accepts passes those checks, and TensorRT-LLM on verl 0.6 is refused by both.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -21,7 +27,7 @@ from typing import Any
 import pytest
 from corpus_cases import DISAGREEMENTS, Verdict, case_for, judge, table
 from plan_sample import RELEASE, model_shape
-from verl_client import CheckRequest, VerlRunner
+from verl_client import MAIN_PPO_ARGV, CheckRequest, VerlRunner
 
 ROOT = Path(__file__).parents[2]
 DATA = Path(__file__).parent / "data" / "verl-engine-scripts.json"
@@ -31,6 +37,9 @@ ENGINES = ("vllm", "sglang", "trtllm")
 PROFILES = ("dgx-h100.yaml", "a100-pcie.yaml", "l40s.yaml")
 #: Fewest engine-script rows judged per release (guards against a vacuous pass).
 MIN_JUDGED = 4
+#: Fewest judged rows per release that use a config folder.
+MIN_JUDGED_FOLDER = 10
+MEGATRON_BASE = "ppo_megatron_trainer"
 
 
 def _rows() -> list[dict[str, Any]]:
@@ -44,6 +53,29 @@ def _engine(overrides: tuple[str, ...] | list[str]) -> str:
     return values[-1] if values else "(unset)"
 
 
+def engine_case(row: dict[str, Any], line: str) -> Any:
+    """The case of a stored row: a config folder's flattened values go in front of the script's overrides,
+    and a Megatron base is pasted as ``--config-name`` for the planner."""
+    folder = row.get("config_folder")
+    if folder is None:
+        return case_for(row, line)
+    case = case_for({**row, "overrides": folder["overrides"] + row["overrides"]}, line)
+    if case.spec is not None and folder["base"] == MEGATRON_BASE:
+        spec = {**case.spec, "overrides": [f"--config-name={MEGATRON_BASE}", *case.spec["overrides"]]}
+        case = dataclasses.replace(case, spec=spec)
+    return case
+
+
+def _request(case: Any, row: dict[str, Any], overrides: tuple[str, ...] | None = None) -> CheckRequest:
+    """verl's check of a case (or of ``overrides`` for the same config): ``--config-name`` of the base."""
+    folder = row.get("config_folder")
+    overrides = case.overrides if overrides is None else overrides
+    if folder is not None and folder["base"] != "ppo_trainer":
+        argv = (*MAIN_PPO_ARGV, f"--config-name={folder['base']}", *overrides)
+        return CheckRequest(case.label, (), argv, case.shape)
+    return CheckRequest(case.label, overrides, (), case.shape)
+
+
 @pytest.fixture(scope="session")
 def engine_corpus(verl_runners: dict[str, VerlRunner]) -> dict[str, list[tuple[Any, Any, Any, Verdict]]]:
     from verl_operator.api.spec import VerlJobSpec
@@ -51,11 +83,10 @@ def engine_corpus(verl_runners: dict[str, VerlRunner]) -> dict[str, list[tuple[A
 
     out: dict[str, list[tuple[Any, Any, Any, Verdict]]] = {}
     for line, release in sorted(RELEASE.items()):
-        items = [case_for(row, line) for row in _rows()]
+        rows_by_id = {row["id"]: row for row in _rows()}
+        items = [engine_case(row, line) for row in _rows()]
         judged = [c for c in items if c.spec is not None]
-        results = verl_runners[release].check(
-            [CheckRequest(c.label, c.overrides, (), c.shape) for c in judged]
-        )
+        results = verl_runners[release].check([_request(c, rows_by_id[c.row_id]) for c in judged])
         by_label = dict(zip([c.label for c in judged], results, strict=True))
         rows: list[tuple[Any, Any, Any, Verdict]] = []
         for c in items:
@@ -83,9 +114,16 @@ def test_planner_agrees_with_verl_on_the_engines_scripts(
     release: str,
 ) -> None:
     rows = engine_corpus[release]
-    assert {_engine(c.overrides) for c, *_ in rows} <= {"sglang", "trtllm"}
+    stored = {row["id"]: row for row in _rows()}
+    # A script of an SGLang config folder may switch the engine (the folder's vllm_fsdp example).
+    assert {_engine(c.overrides) for c, *_ in rows if "config_folder" not in stored[c.row_id]} <= {
+        "sglang",
+        "trtllm",
+    }
     judged = [r for r in rows if r[3].kind != "not-judged"]
     assert len(judged) >= MIN_JUDGED, f"only {len(judged)} judged engine scripts for verl {release}"
+    folders = [r for r in judged if "config_folder" in stored[r[0].row_id]]
+    assert len(folders) >= MIN_JUDGED_FOLDER, f"only {len(folders)} judged config-folder scripts ({release})"
     bad = [
         {"case": c.row_id, "verdict": v.kind, "detail": v.detail, "verl": r and f"{r.stage}: {r.error}"}
         for c, r, _, v in rows
@@ -99,7 +137,7 @@ def test_planner_agrees_with_verl_on_the_engines_scripts(
     for c, p in plans:
         assert _engine(p.plan.overrides) == _engine(c.overrides), c.row_id
     results = verl_runners[release].check(
-        [CheckRequest(c.label, tuple(p.plan.overrides), (), c.shape) for c, p in plans]
+        [_request(c, stored[c.row_id], tuple(p.plan.overrides)) for c, p in plans]
     )
     failures = [(c.row_id, r.stage, r.error) for (c, _), r in zip(plans, results, strict=True) if not r.ok]
     assert not failures, failures
