@@ -135,6 +135,7 @@ def test_every_binary_has_a_group_and_a_version() -> None:
         "kwok",
         "helm",
         "kuberay-operator",
+        "kueue",
     }
 
 

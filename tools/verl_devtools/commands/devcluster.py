@@ -7,7 +7,7 @@ import json
 import shlex
 import sys
 
-from verl_devtools.devcluster import DevCluster, DevClusterError, binaries, projectimages
+from verl_devtools.devcluster import DevCluster, DevClusterError, binaries, kueue, projectimages
 from verl_devtools.devcluster.binaries import BinaryError
 from verl_devtools.devcluster.imagebuild import ImageBuildError
 from verl_devtools.devcluster.layout import COMPONENTS
@@ -58,6 +58,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="G",
         help="nvidia.com/gpu capacity each real node advertises (default: %(default)s)",
     )
+    up.add_argument(
+        "--scheduler",
+        choices=("default", "kueue"),
+        default="default",
+        help="kueue: also run Kueue's controller manager (built from its Go module, out of cluster) so "
+        "VerlJobs with spec.scheduling.queueName are admitted by it (see docs/devcluster.md)",
+    )
     up.set_defaults(func=_up)
 
     down = named("down", "stop every process of the instance and remove its files")
@@ -106,6 +113,9 @@ def _up(args: argparse.Namespace) -> int:
             real_node_gpus=args.real_node_gpus,
         )
         cluster.up()
+        if args.scheduler == "kueue":
+            with cluster.api_client() as api:
+                kueue.start_kueue(cluster.layout, cluster.name, api, progress=lambda m: print(f"[kueue] {m}"))
     except (DevClusterError, ProfileError, BinaryError, TimeoutError, RealNodeError, ImageBuildError) as exc:
         return _error(str(exc))
     print(f"kubeconfig: {cluster.kubeconfig}")

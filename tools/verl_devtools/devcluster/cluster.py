@@ -19,7 +19,7 @@ from typing import Any
 
 from kubernetes import client
 
-from verl_devtools.devcluster import binaries, health, hostchanges, nodes, realnodes
+from verl_devtools.devcluster import binaries, health, hostchanges, kueue, nodes, realnodes
 from verl_devtools.devcluster.controlplane import (
     admin_client,
     running_components,
@@ -234,6 +234,7 @@ class DevCluster:
         """Stop every process of the instance (by pid, waiting for each) and remove its directory."""
         with self._instance_lock():
             problems = self._stop_real_nodes()
+            kueue.stop_kueue(self.layout)  # `up --scheduler kueue`: before the API server it talks to
             self._stop_processes()
             if problems:
                 self._say("could not undo: " + "; ".join(problems))

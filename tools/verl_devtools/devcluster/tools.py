@@ -17,6 +17,7 @@ from verl_devtools.devcluster.versions import (
     HELM_VERSION,
     KUBERAY_VERSION,
     KUBERNETES_VERSION,
+    KUEUE_VERSION,
     KWOK_VERSION,
     cache_dir,
 )
@@ -158,8 +159,19 @@ KUBERAY = ToolGroup(
     ldflags=(),
 )
 
+#: Kueue's controller manager (``cmd/kueue``), run out of cluster by ``devcluster up --scheduler kueue``
+#: (see devcluster/kueue.py). It has no version flag either: the build information is read.
+KUEUE = ToolGroup(
+    name="kueue",
+    version=KUEUE_VERSION,
+    bin_subdir=f"kueue-{KUEUE_VERSION}",
+    tools=(Tool("kueue", KUEUE_VERSION, (), "sigs.k8s.io/kueue/cmd/kueue", module="sigs.k8s.io/kueue"),),
+    # What Kueue's Makefile sets, so the manager logs its release.
+    ldflags=(f"-X sigs.k8s.io/kueue/pkg/version.GitVersion={KUEUE_VERSION}",),
+)
+
 GROUPS: dict[str, ToolGroup] = {
-    g.name: g for g in (KUBERNETES, KUBERNETES_NODE, COREDNS, KWOK, HELM, KUBERAY)
+    g.name: g for g in (KUBERNETES, KUBERNETES_NODE, COREDNS, KWOK, HELM, KUBERAY, KUEUE)
 }
 #: Which group builds which binary.
 GROUP_OF: dict[str, ToolGroup] = {t.name: g for g in GROUPS.values() for t in g.tools}

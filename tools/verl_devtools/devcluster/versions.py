@@ -17,6 +17,8 @@ COREDNS_VERSION = "v1.12.4"
 HELM_VERSION = "v3.19.5"
 #: KubeRay's operator (``github.com/ray-project/kuberay/ray-operator``), built only for the scale benchmark.
 KUBERAY_VERSION = "v1.5.0"
+#: Kueue's controller manager (``sigs.k8s.io/kueue``), for ``devcluster up --scheduler kueue`` and its tests.
+KUEUE_VERSION = "v0.17.0"
 
 #: Environment variable that moves the cache (default ``~/.cache/verl-operator``).
 CACHE_ENV = "VERL_OPERATOR_CACHE"
