@@ -261,6 +261,7 @@ def test_cluster_wide_mode_renders_no_role_but_the_leases(helm: str) -> None:
         "serviceaccounts",
         "configmaps",
         "events",
+        "workloads",
         "subjectaccessreviews",
         "leases",
     }

@@ -95,6 +95,7 @@ namespace). They match the table "RBAC verbs the operator uses" in docs/operator
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "services") "verbs" (list "get" "list" "watch" "create" "delete")) }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "serviceaccounts") "verbs" (list "get" "create")) }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "" "events.k8s.io") "resources" (list "events") "verbs" (list "create" "patch")) }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "kueue.x-k8s.io") "resources" (list "workloads") "verbs" (list "get")) }}
 {{- if .Values.rbac.volcano }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "scheduling.volcano.sh") "resources" (list "podgroups") "verbs" (list "get" "create" "delete")) }}
 {{- end }}

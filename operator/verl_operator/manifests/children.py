@@ -51,6 +51,9 @@ CONTAINER = "ray"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+#: "false": Kueue finishes the pod group's Workload (freeing its quota and its finalizers on the pods) once
+#: every pod ended, instead of waiting for replacement pods: the operator retries with a new group instead.
+KUEUE_RETRIABLE = "kueue.x-k8s.io/retriable-in-group"
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 #: Pod Security ``restricted`` controls that hold for any image (runAsNonRoot depends on the image's user:
 #: ``spec.security.podSecurityContext``). https://kubernetes.io/docs/concepts/security/pod-security-standards/
@@ -305,6 +308,7 @@ def _schedule(
         labels[KUEUE_QUEUE_LABEL] = sched.queue_name
         labels[KUEUE_GROUP_LABEL] = kueue_group(name, attempt)
         annotations[KUEUE_GROUP_COUNT] = str(plan.nnodes)
+        annotations[KUEUE_RETRIABLE] = "false"
     elif sched.gang == "volcano":
         pod_spec["schedulerName"] = "volcano"
         annotations[VOLCANO_GROUP_ANNOTATION] = f"{name}-r{attempt}"
