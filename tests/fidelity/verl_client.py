@@ -228,5 +228,13 @@ def config_keys(
     env: VerlEnv, timeout_s: float = 300, config_name: str = "ppo_trainer"
 ) -> tuple[str, list[str]]:
     """``(verl version, every key path of its config_name config)`` from ``verl_runner.py --keys`` in ``env``."""
+    version, keys, _ = config_key_table(env, timeout_s, config_name)
+    return version, keys
+
+
+def config_key_table(
+    env: VerlEnv, timeout_s: float = 300, config_name: str = "ppo_trainer"
+) -> tuple[str, list[str], list[str]]:
+    """``(verl version, every key path, the keys whose value is null)`` of its ``config_name`` config."""
     data = _run_once(env, ["--keys", config_name], None, timeout_s)
-    return str(data["verlVersion"]), list(data["keys"])
+    return str(data["verlVersion"]), list(data["keys"]), list(data["nullKeys"])

@@ -17,7 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from plan_sample import RELEASE
-from verl_client import config_keys
+from verl_client import config_key_table
 from verl_envs import ensure_env
 
 TARGET = Path(__file__).parents[2] / "operator" / "verl_operator" / "data" / "verl-config-keys.json"
@@ -33,11 +33,11 @@ def generate() -> dict[str, Any]:
         "lines": {},
     }
     for line, release in sorted(RELEASE.items()):
-        version, keys = config_keys(ensure_env(release))
-        out["lines"][line] = {"release": version, "keys": keys}
-        # The Megatron engine's config: planner/megatron.py keys_line.
-        version, keys = config_keys(ensure_env(release), config_name="ppo_megatron_trainer")
-        out["lines"][f"{line}/megatron"] = {"release": version, "keys": keys}
+        # ppo_trainer, and the Megatron engine's config (planner/megatron.py keys_line); ``null``: the keys
+        # whose value is null, which ``+key=value`` may add to (planner/verl_keys.py).
+        for suffix, name in (("", "ppo_trainer"), ("/megatron", "ppo_megatron_trainer")):
+            version, keys, nulls = config_key_table(ensure_env(release), config_name=name)
+            out["lines"][line + suffix] = {"release": version, "keys": keys, "null": nulls}
     return out
 
 

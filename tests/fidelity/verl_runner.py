@@ -532,10 +532,29 @@ def config_keys(checker: Checker, config_name: str = "ppo_trainer") -> list[str]
     return sorted(keys)
 
 
+def null_keys(checker: Checker, config_name: str = "ppo_trainer") -> list[str]:
+    """The leaf keys of verl's composed ``config_name`` config whose value is null (after interpolation):
+    Hydra lets ``+key=value`` add to those (``ConfigLoaderImpl._apply_overrides_to_config``: ``+`` is refused
+    only where ``OmegaConf.select`` finds a value that is not None)."""
+    from omegaconf import OmegaConf
+
+    config = checker._compose_full(config_name, [])
+    out = []
+    for key in config_keys(checker, config_name):
+        try:
+            node = OmegaConf.select(config, key, throw_on_missing=False)
+        except Exception:  # an interpolation that needs a run (an env variable, ...)
+            continue
+        if node is None:
+            out.append(key)
+    return out
+
+
 def main(argv: list[str]) -> int:
     """Check batches of requests: one JSON document on stdin, or (``--serve``) one batch per line.
 
-    With ``--keys``, print the key paths of verl's ``ppo_trainer`` config instead (``config_keys``).
+    With ``--keys``, print the key paths of verl's ``ppo_trainer`` config instead (``config_keys``, and
+    ``null_keys``: those whose value is null).
 
     In ``--serve`` mode each input line is a ``{"requests": [...]}`` batch and each answer is one line on
     stdout, so a test session keeps one process (one import of verl) per release for all its batches.
@@ -551,7 +570,10 @@ def main(argv: list[str]) -> int:
                     argv[argv.index("--keys") + 1] if len(argv) > argv.index("--keys") + 1 else "ppo_trainer"
                 )
                 keys = config_keys(checker, name)
-                out.write(json.dumps({"verlVersion": checker.version, "keys": keys}) + "\n")
+                nulls = null_keys(checker, name)
+                out.write(
+                    json.dumps({"verlVersion": checker.version, "keys": keys, "nullKeys": nulls}) + "\n"
+                )
                 return 0
             lines = iter(sys.stdin.readline, "")  # readline: answer each batch as soon as its line arrives
             batches = (

@@ -6,7 +6,8 @@ fidelity tier fails when it drifts). Hydra composes verl's config in struct mode
 - ``key=value`` and ``~key`` need ``key`` to exist (``Could not override 'key'``); a dict value
   (``key={a:1}``) is merged into the node, so every key it sets must exist too;
 - ``+key=value`` needs it not to exist (``Could not append to config. An item is already at 'key'``), unless
-  the value is a dict or a list (Hydra then merges or replaces, adding what is missing);
+  its value is null (the file's ``null`` keys) or the new value is a dict or a list (Hydra then merges or
+  replaces, adding what is missing; hydra-core 1.3.2 ``_internal/config_loader_impl.py`` lines 370-374);
 - ``++key=value`` adds or replaces, and always composes.
 
 Scripts written for one release often carry keys another release renamed (verl 0.6's
@@ -54,6 +55,14 @@ def _table() -> dict[str, dict[str, object]]:
 def known_keys(version: str) -> frozenset[str]:
     """Every key path (nodes and leaves) of verl's ``ppo_trainer`` config for a VerlJob version line."""
     keys = _table()[version]["keys"]
+    assert isinstance(keys, list)
+    return frozenset(str(k) for k in keys)
+
+
+@functools.cache
+def null_keys(version: str) -> frozenset[str]:
+    """The keys of verl's config for a version line whose value is null (``+key=value`` may add to them)."""
+    keys = _table()[version].get("null", [])
     assert isinstance(keys, list)
     return frozenset(str(k) for k in keys)
 
@@ -228,6 +237,7 @@ def key_violations(overrides: Sequence[Override], version: str) -> list[Violatio
             if (
                 ov.prefix == "+"
                 and ov.key in keys
+                and ov.key not in null_keys(version)
                 and not gone(ov.key)
                 and not isinstance(ov.value, dict | list)
             ):
