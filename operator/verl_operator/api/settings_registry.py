@@ -282,6 +282,82 @@ MEGATRON_ROWS: tuple[SettingRow, ...] = (
         "The actor's Megatron optimizer offload (spec.offload.optimizer with the megatron engine).",
         f"{ARR}.actor.megatron.optimizer_offload",
     ),
+    # Read by the Megatron memory model (planner/megatron_memory.py) and passed through.
+    _read(
+        "megatron_grad_offload",
+        "bool",
+        "The actor's Megatron gradient offload.",
+        f"{ARR}.actor.megatron.grad_offload",
+    ),
+    _read(
+        "megatron_ref_param_offload",
+        "bool",
+        "The Megatron reference model's parameter offload.",
+        f"{ARR}.ref.megatron.param_offload",
+    ),
+    _read(
+        "megatron_optimizer_cpu_offload",
+        "bool",
+        "megatron-core's hybrid CPU optimizer (override_optimizer_config).",
+        f"{ARR}.actor.optim.override_optimizer_config.optimizer_cpu_offload",
+    ),
+    _read(
+        "megatron_precision_aware_optimizer",
+        "bool",
+        "megatron-core's precision-aware optimizer (override_optimizer_config).",
+        f"{ARR}.actor.optim.override_optimizer_config.use_precision_aware_optimizer",
+    ),
+    _read(
+        "megatron_optimizer_offload_fraction",
+        "any",
+        "The share of the optimizer state the hybrid CPU optimizer keeps on the CPU (0 to 1).",
+        f"{ARR}.actor.optim.override_optimizer_config.optimizer_offload_fraction",
+    ),
+    _read(
+        "megatron_recompute_granularity",
+        "str",
+        "Megatron activation recompute: full or selective (none by default).",
+        f"{ARR}.actor.megatron.override_transformer_config.recompute_granularity",
+    ),
+    _read(
+        "megatron_recompute_method",
+        "str",
+        "Megatron full recompute: uniform or block.",
+        f"{ARR}.actor.megatron.override_transformer_config.recompute_method",
+    ),
+    _read(
+        "megatron_recompute_num_layers",
+        "int",
+        "Layers per Megatron recompute chunk (uniform) or recomputed per stage (block).",
+        f"{ARR}.actor.megatron.override_transformer_config.recompute_num_layers",
+        bounds=_int(1, L.MAX_LAYERS),
+    ),
+    _read(
+        "megatron_first_stage_layers",
+        "int",
+        "Transformer layers of the first pipeline stage.",
+        f"{ARR}.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage",
+        bounds=_int(1, L.MAX_LAYERS),
+    ),
+    _read(
+        "megatron_last_stage_layers",
+        "int",
+        "Transformer layers of the last pipeline stage.",
+        f"{ARR}.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage",
+        bounds=_int(1, L.MAX_LAYERS),
+    ),
+    _read(
+        "megatron_account_for_embedding",
+        "bool",
+        "The embedding counts as one layer of the first pipeline stage.",
+        f"{ARR}.actor.megatron.override_transformer_config.account_for_embedding_in_pipeline_split",
+    ),
+    _read(
+        "megatron_account_for_loss",
+        "bool",
+        "The loss counts as one layer of the last pipeline stage.",
+        f"{ARR}.actor.megatron.override_transformer_config.account_for_loss_in_pipeline_split",
+    ),
 )
 
 

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from verl_operator.api.plan import Violation
 from verl_operator.api.settings_registry import SETTINGS
 from verl_operator.api.spec import ModelShape, VerlJobSpec
+from verl_operator.planner.megatron_memory import MegatronOptions
 from verl_operator.planner.overrides import Pinned, Value
 
 
@@ -103,6 +104,8 @@ class Problem:
     #: The training engine: ``fsdp`` or ``megatron``, and a pinned Megatron sequence_parallel.
     training_engine: str = "fsdp"
     megatron_sequence_parallel: bool | None = None
+    #: The Megatron memory model's offload, recompute and stage-layer options (``megatron_memory.py``).
+    megatron_options: MegatronOptions = field(default_factory=MegatronOptions)
 
     @property
     def mode(self) -> str:

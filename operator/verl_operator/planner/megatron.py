@@ -12,12 +12,11 @@ verl 0.6.1 ``workers/megatron_workers.py`` lines 210-219 and verl 0.9.1 ``worker
 transformer_impl.py``); verl normalises the mini-batch by that DP (0.6.1 ``megatron_workers.py`` lines
 273-274). Experts are split over ``EP x ETP`` ranks inside ``TP x DP x CP``.
 
-The search (``candidates``) is a simple deterministic one: the smallest ``TP x PP`` first (the largest DP),
-then the larger TP (a TP group stays inside one NVLink domain; PP adds pipeline bubbles), TP inside one NVLink domain and
-dividing the heads and KV heads, PP dividing the layers. The memory model is the FSDP one with the weights,
-gradients and optimizer state divided by ``TP x PP`` instead of the FSDP shard group (an approximation: it
-ignores the distributed optimizer's further split over DP, which only makes the estimate conservative, and
-the uneven first and last stages).
+The search (``candidates``) yields the meshes in a fixed tie-break order (its docstring): the smallest
+``TP x PP x CP`` first, TP inside one NVLink domain, EP inside a node, PP across nodes, CP only for long
+contexts, VPP where PP > 1 and the layers allow. The memory of a Megatron candidate is
+``megatron_memory.py``'s (per pipeline stage: the state over DP and EP, 1F1B activations, recompute, offloads);
+``state_shard`` is only the mesh's single-number summary of the state's split.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from verl_operator.api.plan import Violation
 from verl_operator.api.spec import ModelShape
 from verl_operator.planner import arith
 from verl_operator.planner.inputs import Fixed, Settings
+from verl_operator.planner.megatron_memory import MegatronOptions
 
 ENGINES = ("fsdp", "megatron")
 #: verl's Hydra config of each engine (``--config-name``; main_ppo's default is ``ppo_trainer``).
@@ -202,16 +202,45 @@ class MegatronCandidate:
     etp: int | None
 
 
-def candidates(
-    shape: ModelShape, world: int, gpus_per_node: int, nvlink_domain: int, fixed: Fixed
-) -> Iterator[MegatronCandidate]:
-    """Megatron meshes to try, preferred first: the smallest ``TP x PP`` (largest DP), then the larger TP.
+#: A sequence at least this long (prompt + response) makes context parallelism a search candidate: below it
+#: the activations of one sequence fit one GPU's share of a TP group, and CP's KV exchange only costs.
+LONG_CONTEXT_TOKENS = 32 * 1024
+#: Context parallel sizes the search tries for a long context (divisors of the world, powers of two).
+CP_SIZES = (1, 2, 4, 8)
 
-    An unpinned TP divides the heads, the KV heads and the GPUs of one NVLink domain (never crossing it); an
-    unpinned PP divides the layers and the world; CP is 1 unless pinned; an unpinned EP is the largest
-    divisor of the experts that fits one node and tiles ``TP x DP x CP``; VPP and ETP stay unset unless
-    pinned. Pinned values are yielded as they are (the rules report them).
+
+def candidates(
+    shape: ModelShape,
+    world: int,
+    gpus_per_node: int,
+    nvlink_domain: int,
+    fixed: Fixed,
+    seq_len: int = 0,
+    options: MegatronOptions | None = None,
+) -> Iterator[MegatronCandidate]:
+    """Megatron meshes to try, preferred first.
+
+    Tie-break order (the search takes the first mesh whose rules hold and whose memory fits):
+
+    1. the smallest model-parallel footprint ``TP x PP x CP`` (the largest DP);
+    2. the larger TP (a TP group never crosses an NVLink domain: TP divides the domain within a node, the
+       heads and the KV heads), so pipeline stages, not TP groups, span nodes;
+    3. the smaller PP (CP before PP: both split activations, PP adds bubbles); CP is 1 unless pinned or the
+       sequence is at least ``LONG_CONTEXT_TOKENS`` long;
+    4. per mesh, one EP: for a MoE model the largest divisor of the experts that fits one node and tiles the
+       ``W / PP`` ranks of a stage with ETP 1 (verl's MoE scripts' ETP; experts all-to-all inside a node);
+    5. per mesh, VPP 2 when the search chose PP > 1 and the layers split into ``PP x 2`` equal stages.
+
+    An unpinned PP divides the world and the layers (or splits them as the pinned first / last stage layers
+    or the embedding and loss accounted as layers allow: ``megatron_memory.stage_layers``). Pinned values are
+    yielded as they are (the rules report what they break).
+
+    Algorithm:
+        Example: Qwen3-235B-A22B (64 heads, 4 KV heads, 94 layers, 128 experts) on 4 x 8 H20 with the embedding
+        and loss accounted: TPs 1, 2, 4 (4 KV heads); PPs 1, 2, 4, 8 (96 / PP); meshes by footprint: (1,1),
+        (2,1), (1,2), (4,1), (2,2), (1,4), (4,2), ... each with EP 8 (ETP 1) where ``32 / PP`` allows.
     """
+    opts = options or MegatronOptions()
     domain = max(1, min(nvlink_domain, gpus_per_node)) if nvlink_domain else gpus_per_node
     tps = (
         [fixed.megatron_tp]
@@ -221,30 +250,57 @@ def candidates(
     pps = (
         [fixed.megatron_pp]
         if fixed.megatron_pp is not None
-        else [p for p in arith.divisors(world) if layers_allow_pp(shape, p)] or [1]
+        else [p for p in arith.divisors(world) if _stages_split(shape, p, opts)] or [1]
     )
-    cp = fixed.megatron_cp or 1
-    meshes = sorted(((t * p, t, p) for t in tps for p in pps), key=lambda x: (x[0], -x[1]))
-    valid = [(tp, pp) for _, tp, pp in meshes if world % (tp * pp * cp) == 0]
+    if fixed.megatron_cp is not None:
+        cps = [fixed.megatron_cp]
+    elif seq_len >= LONG_CONTEXT_TOKENS:
+        cps = [c for c in CP_SIZES if world % c == 0]
+    else:
+        cps = [1]
+    meshes = sorted(
+        ((t * p * c, t, p, c) for t in tps for p in pps for c in cps), key=lambda x: (x[0], -x[1], x[2])
+    )
+    valid = [(tp, pp, cp) for _, tp, pp, cp in meshes if world % (tp * pp * cp) == 0]
     # None valid: the first is tried anyway, so that the rules report what the pinned values break.
-    for tp, pp in valid or [(meshes[0][1], meshes[0][2])]:
+    for tp, pp, cp in valid or [meshes[0][1:]]:
+        etp = fixed.megatron_etp
+        if etp is None and shape.num_experts and fixed.megatron_ep is None:
+            etp = 1  # verl's MoE scripts: experts not tensor-split, EP inside a node instead
         yield MegatronCandidate(
             tp=tp,
             pp=pp,
             cp=cp,
-            ep=fixed.megatron_ep or _default_ep(shape, world, tp, pp, cp, gpus_per_node),
-            vpp=fixed.megatron_vpp,
-            etp=fixed.megatron_etp,
+            ep=fixed.megatron_ep or _default_ep(shape, world, tp if etp is None else etp, pp, gpus_per_node),
+            vpp=fixed.megatron_vpp
+            if fixed.megatron_vpp is not None
+            else _default_vpp(shape, pp, fixed, opts),
+            etp=etp,
         )
 
 
-def _default_ep(shape: ModelShape, world: int, tp: int, pp: int, cp: int, gpus_per_node: int) -> int:
-    """The largest EP that divides the experts, fits one node and with ETP = TP tiles ``TP x DP x CP``
-    (``world / PP``); 1 for a dense model."""
+def _stages_split(shape: ModelShape, pp: int, options: MegatronOptions) -> bool:
+    """PP ``pp`` splits the layers evenly, or as the job's pinned uneven split allows."""
+    return layers_allow_pp(shape, pp) or (options.uneven and options.split(shape.layers, pp) is not None)
+
+
+def _default_vpp(shape: ModelShape, pp: int, fixed: Fixed, options: MegatronOptions) -> int | None:
+    """VPP 2 for a PP the search chose (> 1) whose layers split into ``PP x 2`` equal virtual stages, else
+    unset (a pinned PP keeps verl's default, no interleaving; an uneven split has no interleaved form here)."""
+    if fixed.megatron_pp is not None or pp <= 1 or options.uneven:
+        return None
+    return 2 if shape.layers % (pp * 2) == 0 else None
+
+
+def _default_ep(shape: ModelShape, world: int, etp: int, pp: int, gpus_per_node: int) -> int:
+    """The largest EP that divides the experts, keeps ``EP x ETP`` inside one node and tiles the ``W / PP``
+    ranks of a pipeline stage; 1 for a dense model."""
     if not shape.num_experts:
         return 1
     ranks = world // pp
-    fitting = [e for e in arith.divisors(shape.num_experts) if e <= gpus_per_node and ranks % (e * tp) == 0]
+    fitting = [
+        e for e in arith.divisors(shape.num_experts) if e * etp <= gpus_per_node and ranks % (e * etp) == 0
+    ]
     return max(fitting, default=1)
 
 

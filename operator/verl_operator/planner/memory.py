@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from verl_operator.api.spec import ModelShape
+from verl_operator.planner import megatron_memory as mm
 from verl_operator.planner.catalog import effective_intermediate, kv_bytes_per_token
 
 GIB = 1024**3
@@ -69,6 +70,8 @@ class MemoryInputs:
     #: total memory (SGLang's ``mem_fraction_static``); TensorRT-LLM's a fraction of the memory free after its
     #: weights (``free_gpu_memory_fraction``, verl 0.9.1 ``trtllm_async_server.py`` line 202).
     rollout_name: str = "vllm"
+    #: The Megatron engine's sizes and options (``megatron_memory.py``); None: FSDP.
+    megatron: mm.MegatronMemory | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,8 @@ def activation_bytes_per_token_layer(shape: ModelShape) -> int:
 
 def resident_state(m: MemoryInputs) -> dict[str, float]:
     """Training state that stays on the GPU outside the update (weights, optimizer, ref, critic)."""
+    if m.megatron is not None:
+        return _megatron_resident(m, m.megatron)
     p_shard = m.params / m.fsdp_shard
     parts: dict[str, float] = {}
     if m.lora:
@@ -152,9 +157,10 @@ def estimate(m: MemoryInputs) -> Estimate:
     if m.rollout_name == "trtllm":
         return _trtllm_estimate(m)
     budget = m.gpu_memory_utilization * m.gpu_memory_bytes
+    exact, estimated = split_exact(m, resident_state(m))
     rollout = Phase(
-        exact={"vllmBudget": budget},
-        estimated={**resident_state(m), "cudaReserve": CUDA_RESERVE_BYTES},
+        exact={"vllmBudget": budget, **exact},
+        estimated={**estimated, "cudaReserve": CUDA_RESERVE_BYTES},
     )
     kv, kv_tokens = _kv_cache(m, budget)
     return Estimate(
@@ -176,9 +182,10 @@ def _trtllm_estimate(m: MemoryInputs) -> Estimate:
     """TensorRT-LLM: weights plus ``gmu x`` the memory free after them, all of it KV cache."""
     weights = 2 * m.params / m.rollout_tp
     kv = m.gpu_memory_utilization * max(_trtllm_free_bytes(m), 0.0)
+    exact, estimated = split_exact(m, resident_state(m))
     rollout = Phase(
-        exact={"trtllmWeights": weights, "trtllmKvCache": kv},
-        estimated={**resident_state(m), "cudaReserve": CUDA_RESERVE_BYTES},
+        exact={"trtllmWeights": weights, "trtllmKvCache": kv, **exact},
+        estimated={**estimated, "cudaReserve": CUDA_RESERVE_BYTES},
     )
     per_token = kv_bytes_per_token(m.shape, m.rollout_tp)
     return Estimate(
@@ -195,7 +202,56 @@ def checkpointed_bytes_per_hidden(m: MemoryInputs) -> float:
     return CHECKPOINT_BYTES_PER_HIDDEN + (SP_CHECKPOINT_EXTRA_BYTES if m.sequence_parallel_size > 1 else 0)
 
 
+def _megatron_resident(m: MemoryInputs, meg: mm.MegatronMemory) -> dict[str, float]:
+    """The Megatron stage with the most resident state: its weights, gradients, optimizer, ref, critic."""
+    parts = mm.peak_stage(
+        [mm.resident_parts(meg, st, m.param_offload, m.ref_resident) for st in mm.stages(m.shape, meg)]
+    )
+    if m.critic and not m.critic_offload:  # the critic's own state, sized like the actor's stage
+        scale = (m.critic_params or m.params) / m.params
+        st = max(mm.stages(m.shape, meg), key=lambda st: st.params)
+        parts["criticBuffers"] = scale * (mm.WEIGHT_BYTES + mm.GRAD_BYTES) * st.params
+        parts["criticOptimizer"] = scale * mm.optimizer_state(meg, st)
+    return parts
+
+
+def _megatron_phase(m: MemoryInputs, meg: mm.MegatronMemory, train: bool) -> Phase:
+    """The update's or the log-prob pass's peak over the Megatron stages (``megatron_memory.py``)."""
+    a = activation_bytes_per_token_layer(m.shape)
+    ref = m.ref_resident
+    if train:
+        options = [
+            mm.train_parts(m.shape, meg, st, a, m.train_tokens_per_gpu, m.entropy, ref)
+            for st in mm.stages(m.shape, meg)
+        ]
+    else:
+        options = [
+            mm.log_prob_parts(m.shape, meg, st, a, m.log_prob_tokens_per_gpu, m.param_offload, ref)
+            for st in mm.stages(m.shape, meg)
+        ]
+    parts = mm.peak_stage(options)
+    resident = resident_state(m)
+    parts.update({k: v for k, v in resident.items() if k.startswith("critic")})
+    exact, estimated = split_exact(m, parts)
+    return Phase(
+        exact=exact,
+        estimated={**estimated, "vllmResidual": VLLM_RESIDUAL_BYTES, "cudaReserve": CUDA_RESERVE_BYTES},
+    )
+
+
+def split_exact(m: MemoryInputs, parts: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """``(exact, estimated)`` parts: a Megatron actor's weights and gradients are exact (megatron-core allocates
+    them as contiguous buffers of the stage's parameters, ``param_and_grad_buffer``); everything else of FSDP
+    and Megatron is estimated."""
+    if m.megatron is None:
+        return {}, parts
+    exact = {k: v for k, v in parts.items() if k in mm.EXACT_PARTS}
+    return exact, {k: v for k, v in parts.items() if k not in mm.EXACT_PARTS}
+
+
 def _train_phase(m: MemoryInputs) -> Phase:
+    if m.megatron is not None:
+        return _megatron_phase(m, m.megatron, train=True)
     shape, t = m.shape, m.train_tokens_per_gpu
     a = activation_bytes_per_token_layer(shape)
     p_shard = m.params / m.fsdp_shard
@@ -224,6 +280,8 @@ def _train_phase(m: MemoryInputs) -> Phase:
 
 
 def _log_prob_phase(m: MemoryInputs) -> Phase:
+    if m.megatron is not None:
+        return _megatron_phase(m, m.megatron, train=False)
     shape, t = m.shape, m.log_prob_tokens_per_gpu
     a = activation_bytes_per_token_layer(shape)
     state = dict(resident_state(m))
@@ -262,8 +320,9 @@ def max_gpu_memory_utilization(m: MemoryInputs, cap: float = 0.9, step: float = 
     Returns:
         The fraction, or 0.0 when not even ``step`` fits.
     """
-    resident = sum(resident_state(m).values()) + CUDA_RESERVE_BYTES
-    free = m.gpu_memory_bytes - SAFETY_FACTOR * resident
+    exact, estimated = split_exact(m, resident_state(m))
+    resident = sum(estimated.values()) + CUDA_RESERVE_BYTES
+    free = m.gpu_memory_bytes - SAFETY_FACTOR * resident - sum(exact.values())
     raw = free / m.gpu_memory_bytes
     if m.rollout_name == "trtllm":  # peak = W + g (M - R - W) + 1.1 R <= M
         weights = 2 * m.params / m.rollout_tp

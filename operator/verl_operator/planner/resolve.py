@@ -10,7 +10,7 @@ from typing import Any
 from verl_operator.api.plan import Violation
 from verl_operator.api.settings_registry import ARR, SETTINGS
 from verl_operator.api.spec import ModelShape, VerlJobSpec
-from verl_operator.planner import catalog, dialect, megatron, rules_engines, verl_keys
+from verl_operator.planner import catalog, dialect, megatron, megatron_memory, rules_engines, verl_keys
 from verl_operator.planner.inputs import Fixed, Problem, merge_pins
 from verl_operator.planner.overrides import Override, Pinned, parse_overrides, read_owned
 from verl_operator.planner.reader import Reader as _Reader
@@ -387,6 +387,7 @@ def _problem(
         mean_prompt_length=spec.data.mean_prompt_length,
         mean_response_length=spec.data.mean_response_length,
         entropy=_entropy_on(r),
+        megatron_options=megatron_memory.options_of(r),
     )
 
 

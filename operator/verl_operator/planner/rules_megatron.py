@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from verl_operator.api.plan import Violation
-from verl_operator.planner import arith
+from verl_operator.planner import arith, megatron_memory
 from verl_operator.planner.arith import or_text as _or
 from verl_operator.planner.inputs import SPEC_PATHS, Problem
 from verl_operator.planner.megatron import expert_tp, model_parallel
@@ -94,13 +94,14 @@ def layers_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
     ``get_num_layers_to_build``: ``num_layers // pipeline_model_parallel_size``, and with an interleaved
     schedule ``num_layers_per_pipeline_rank // virtual_pipeline_model_parallel_size``; verl's scripts that
     pin uneven first/last stages set ``override_transformer_config.num_layers_in_first_pipeline_stage``,
-    which the planner does not model)."""
+    or the embedding and loss as layers, ``account_for_*_in_pipeline_split``: an uneven split that
+    ``megatron_memory.stage_layers`` builds is accepted without VPP)."""
     if not _on(p, mesh):
         return []
     s = mesh.settings
     stages = s.megatron_pp * (s.megatron_vpp or 1)
     layers = p.shape.layers
-    if layers % stages == 0:
+    if layers % stages == 0 or (not s.megatron_vpp and megatron_memory.uneven_split(p, s.megatron_pp)):
         return []
     vpp = s.megatron_vpp is not None and s.megatron_vpp > 1 and layers % s.megatron_pp == 0
     name = "megatron_vpp" if vpp else "megatron_pp"

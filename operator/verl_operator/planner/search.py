@@ -173,7 +173,13 @@ def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found 
     fallback: Found | None = None
     if p.training_engine == "megatron":  # the Megatron mesh instead of Ulysses SP and FSDP
         for c in megatron.candidates(
-            p.shape, layout.world, layout.gpus_per_node, layout.nvlink_domain, fixed
+            p.shape,
+            layout.world,
+            layout.gpus_per_node,
+            layout.nvlink_domain,
+            fixed,
+            seq_len=p.seq_len,
+            options=p.megatron_options,
         ):
             base = megatron.settings_of(_base_settings(layout, fixed, tb, n, 1, -1), c)
             found = _search_mini(p, layout, fixed, base, miss.note)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from verl_operator.api.plan import Violation
+from verl_operator.planner import megatron_memory
 from verl_operator.planner.budget import spend
 from verl_operator.planner.inputs import Problem
 from verl_operator.planner.memory import (
@@ -66,6 +67,7 @@ def memory_inputs(p: Problem, mesh: Mesh) -> MemoryInputs:
         critic_params=p.critic_params,
         entropy=p.entropy,
         rollout_name=p.rollout_name,
+        megatron=megatron_memory.of_candidate(p, s, mesh.mini_per_gpu * per_sequence, t_train),
     )
 
 

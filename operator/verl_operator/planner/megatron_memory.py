@@ -1,0 +1,458 @@
+"""Per-GPU memory of a verl Megatron (megatron-core) actor, stage by stage, for ``memory.estimate``.
+
+The parts that differ from FSDP; the rollout engine's budget, the CUDA reserve and vLLM's residual are
+``memory.py``'s. Notation: TP, PP, CP, EP, ETP, VPP the Megatron sizes, ``DP = W / (TP x PP x CP)``,
+the experts' data-parallel size ``EDP = W / (EP x ETP x PP)`` (megatron-core ``parallel_state``), T the tokens
+of one micro-batch per GPU, h hidden, V vocabulary, A the activation bytes per token per layer
+(``memory.activation_bytes_per_token_layer``).
+
+- **Weights**: bf16, 2 bytes per parameter of the stage: the stage's layers' dense parts over TP (the
+  embedding on the first stage, the LM head on the last), the routed experts over ``EP x ETP``.
+- **Gradients**: megatron-core's DDP grad buffer in fp32 (verl sets ``grad_reduce_in_fp32``), 4 bytes per
+  stage parameter.
+- **Distributed optimizer** (verl's ``megatron.use_distributed_optimizer`` default True,
+  ``trainer/config/engine/megatron.yaml`` line 35): fp32 master weights and Adam's two moments, 12 bytes per
+  parameter (10 with ``use_precision_aware_optimizer``: the master weights' 2-byte remainder), the dense ones
+  split over DP, the experts' over EDP. ``optim.override_optimizer_config``
+  ``optimizer_cpu_offload=True`` with ``optimizer_offload_fraction`` f keeps ``1 - f`` of it on the GPU (the
+  hybrid CPU optimizer of verl's large-MoE scripts); ``megatron.optimizer_offload`` moves the rest to the CPU
+  outside the update, ``param_offload`` / ``grad_offload`` the weights / gradients (verl 0.6.1
+  ``workers/megatron_workers.py``: loaded back for the update and the log-prob passes).
+- **Activations under 1F1B**: pipeline stage ``i`` (0 first) holds ``min(PP - i, micro-batches)`` micro-batches'
+  activations at its peak (the first stage the most); with VPP the interleaved schedule keeps
+  ``1 + (PP - 1) / (PP x VPP)`` times that (Korthikanti et al. 2022, section 4.2.3). Per layer and token, with
+  sequence parallelism over TP and CP splitting the tokens: ``A / TP`` without recompute; with
+  ``override_transformer_config.recompute_granularity=full`` the layer's bf16 input ``2h / TP`` per recompute
+  chunk (``recompute_method=uniform``: chunks of ``recompute_num_layers``; ``block``: the first
+  ``recompute_num_layers`` layers of the stage recomputed, the rest kept), plus one chunk's recomputed
+  activations in the backward; ``selective`` keeps A (flash attention holds no score matrix).
+- **MoE routing**: the fp32 router probabilities ``T / TP x experts x 4`` per kept MoE layer, and the
+  dispatch and combine buffers of one layer in flight ``2 x T / TP x top_k x h x 2``.
+- **Logits** on the last stage: ``T / CP x V / TP`` fp32, with their gradient in the update (8 bytes; 12 with an
+  entropy term) and the log-probs' and entropy's copy in the forward pass (8 bytes).
+- **Reference** model: its bf16 stage weights unless ``ref.megatron.param_offload``.
+
+Stage layers: ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage`` when pinned,
+the rest even; ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split`` count the
+embedding / the loss as one layer of the first / last stage (megatron-core ``transformer_block.py``
+``get_num_layers_to_build``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from verl_operator.api.plan import Violation
+from verl_operator.api.spec import ModelShape
+from verl_operator.planner.catalog import count_params
+from verl_operator.planner.reader import Reader
+
+if TYPE_CHECKING:
+    from verl_operator.planner.inputs import Problem, Settings
+
+#: Bytes per parameter: bf16 weights, fp32 DDP gradients (verl 0.6.1 ``utils/megatron_utils.py`` line 141 sets
+#: megatron-core's ``grad_reduce_in_fp32: True``), fp32 master + Adam m and v.
+WEIGHT_BYTES = 2
+GRAD_BYTES = 4
+OPTIMIZER_BYTES = 12
+#: Bytes per hidden unit that full recompute keeps per chunk and token: the chunk's bf16 input.
+RECOMPUTE_INPUT_BYTES = 2
+#: fp32 logits and their gradient in the update; +4 with an entropy term; log-probs and entropy forward.
+LOGITS_TRAIN_BYTES = 8
+LOGITS_ENTROPY_EXTRA_BYTES = 4
+LOGITS_FORWARD_BYTES = 8
+#: The parts ``memory.py`` counts exactly (no safety factor): megatron-core's contiguous weight and grad buffers.
+EXACT_PARTS = frozenset({"actorWeights", "gradients", "criticBuffers"})
+#: fp32 router probabilities (verl's MoE scripts set ``moe_router_dtype=fp32``).
+ROUTER_BYTES = 4
+
+
+@dataclass(frozen=True)
+class MegatronOptions:
+    """The memory-relevant Megatron settings a spec pins through its overrides (defaults: verl's)."""
+
+    grad_offload: bool = False
+    #: ``optim.override_optimizer_config.optimizer_cpu_offload`` and its ``optimizer_offload_fraction``.
+    optimizer_cpu_offload: bool = False
+    optimizer_offload_fraction: float = 0.0
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    ref_param_offload: bool = False
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
+    #: ``override_optimizer_config.use_precision_aware_optimizer``: megatron-core's ``OptimizerConfig``
+    #: ``store_param_remainders`` (default True) then keeps only the 16 bits of the fp32 master weights that
+    #: the bf16 weights lack.
+    precision_aware_optimizer: bool = False
+
+    @property
+    def uneven(self) -> bool:
+        """The job pins an uneven stage split: first / last stage layers, or the embedding or loss as a layer."""
+        pins = (self.first_stage_layers, self.last_stage_layers) != (None, None)
+        return pins or self.account_for_embedding or self.account_for_loss
+
+    def split(self, layers: int, pp: int) -> tuple[int, ...] | None:
+        """The layers of each of ``pp`` stages under these options (:func:`stage_layers`), or None."""
+        return stage_layers(
+            layers,
+            pp,
+            self.first_stage_layers,
+            self.last_stage_layers,
+            self.account_for_embedding,
+            self.account_for_loss,
+        )
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """Optimizer bytes per parameter: fp32 master (or its 2-byte remainder) + Adam m and v."""
+        return OPTIMIZER_BYTES - 2 if self.precision_aware_optimizer else OPTIMIZER_BYTES
+
+    @property
+    def gpu_optimizer_share(self) -> float:
+        """The share of the distributed optimizer's state kept on the GPU during the update."""
+        return 1.0 - self.optimizer_offload_fraction if self.optimizer_cpu_offload else 1.0
+
+
+#: ``MegatronOptions`` field -> the registry setting it is read from (``api/settings_registry.py``).
+OPTION_SETTINGS = {
+    "grad_offload": "megatron_grad_offload",
+    "optimizer_cpu_offload": "megatron_optimizer_cpu_offload",
+    "optimizer_offload_fraction": "megatron_optimizer_offload_fraction",
+    "recompute_granularity": "megatron_recompute_granularity",
+    "recompute_method": "megatron_recompute_method",
+    "recompute_num_layers": "megatron_recompute_num_layers",
+    "ref_param_offload": "megatron_ref_param_offload",
+    "first_stage_layers": "megatron_first_stage_layers",
+    "last_stage_layers": "megatron_last_stage_layers",
+    "account_for_embedding": "megatron_account_for_embedding",
+    "account_for_loss": "megatron_account_for_loss",
+    "precision_aware_optimizer": "megatron_precision_aware_optimizer",
+}
+
+
+def options_of(r: Reader) -> MegatronOptions:
+    """The Megatron memory options read from the overrides; a bad value is a violation in ``r.violations``."""
+    fraction = 0.0
+    pin = r.reads.get(OPTION_SETTINGS["optimizer_offload_fraction"])
+    value = pin.value if pin is not None else None
+    if pin is not None and value is not None:
+        if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1:
+            fraction = float(value)
+        else:
+            r.violations.append(
+                Violation(
+                    field=pin.source,
+                    rule="override-type",
+                    message=f"optimizer_offload_fraction {value!r} is not a number from 0 to 1",
+                    suggestions=["write a fraction such as 0, 0.5 or 1.0"],
+                )
+            )
+    granularity = r.get_str(OPTION_SETTINGS["recompute_granularity"], reads=True)
+    method = r.get_str(OPTION_SETTINGS["recompute_method"], reads=True)
+    return MegatronOptions(
+        grad_offload=bool(r.get_bool(OPTION_SETTINGS["grad_offload"], reads=True)),
+        optimizer_cpu_offload=bool(r.get_bool(OPTION_SETTINGS["optimizer_cpu_offload"], reads=True)),
+        optimizer_offload_fraction=fraction,
+        recompute_granularity=None if granularity in (None, "null", "None") else granularity,
+        recompute_method=None if method in (None, "null", "None") else method,
+        recompute_num_layers=r.get_int(OPTION_SETTINGS["recompute_num_layers"], reads=True),
+        ref_param_offload=bool(r.get_bool(OPTION_SETTINGS["ref_param_offload"], reads=True)),
+        first_stage_layers=r.get_int(OPTION_SETTINGS["first_stage_layers"], reads=True),
+        last_stage_layers=r.get_int(OPTION_SETTINGS["last_stage_layers"], reads=True),
+        account_for_embedding=bool(r.get_bool(OPTION_SETTINGS["account_for_embedding"], reads=True)),
+        account_for_loss=bool(r.get_bool(OPTION_SETTINGS["account_for_loss"], reads=True)),
+        precision_aware_optimizer=bool(r.get_bool(OPTION_SETTINGS["precision_aware_optimizer"], reads=True)),
+    )
+
+
+def stage_layers(
+    layers: int,
+    pp: int,
+    first: int | None = None,
+    last: int | None = None,
+    embedding: bool = False,
+    loss: bool = False,
+) -> tuple[int, ...] | None:
+    """The transformer layers of each pipeline stage as megatron-core builds them, or None if they do not split.
+
+    Algorithm:
+        Pinned first / last stage layers are taken as given and the remaining layers split evenly over the
+        other stages; otherwise, with ``embedding`` / ``loss``, the embedding / the loss counts as one layer of
+        the first / last stage and ``layers + extras`` split evenly. Example: Qwen3-235B-A22B, 94 layers, PP 8,
+        both accounted: 96 / 8 = 12 per stage, so ``(11, 12, 12, 12, 12, 12, 12, 11)``; DeepSeek-V3, 61 layers,
+        PP 12, last stage 6: ``(5 x 11, 6)``.
+    """
+    if pp <= 1:
+        return (layers,) if first in (None, layers) and last in (None, layers) else None
+    if first is not None or last is not None:
+        inner = layers - (first or 0) - (last or 0)
+        rest = pp - (first is not None) - (last is not None)
+        if inner < 0 or (rest == 0 and inner) or (rest and inner % rest):
+            return None
+        each = inner // rest if rest else 0
+        return tuple(
+            first if i == 0 and first is not None else last if i == pp - 1 and last is not None else each
+            for i in range(pp)
+        )
+    total = layers + embedding + loss
+    if total % pp:
+        return None
+    each = total // pp
+    out = [each] * pp
+    out[0] -= embedding
+    out[-1] -= loss
+    return tuple(out) if min(out) >= 0 else None
+
+
+@dataclass(frozen=True)
+class LayerParams:
+    """Parameters per layer kind (biases ignored as in ``catalog.count_params``)."""
+
+    embedding: float  # the input embedding (the LM head is as large unless tied)
+    attention: float  # attention and norms of one layer
+    dense_mlp: float  # the MLP of a dense layer
+    moe_dense: float  # shared experts and router of a MoE layer (split over TP)
+    moe_routed: float  # the routed experts of a MoE layer (split over EP x ETP)
+    dense_layers: int  # leading dense layers of a MoE model (``first_k_dense_replace``)
+
+
+def layer_params(shape: ModelShape) -> LayerParams:
+    """The per-layer parameter parts of ``shape``, consistent with ``catalog.count_params``."""
+    h = shape.hidden_size
+    total, _ = count_params(shape)
+    embedding = float(shape.vocab_size * h)
+    embed_all = embedding * (1 if shape.tie_word_embeddings else 2)
+    dense_mlp = float(3 * h * shape.intermediate_size)
+    if shape.num_experts:
+        moe_i = shape.moe_intermediate_size or shape.intermediate_size
+        routed = float(shape.num_experts * 3 * h * moe_i)
+        moe_dense = float((shape.shared_experts or 0) * 3 * h * moe_i + h * shape.num_experts)
+        dense_layers = shape.first_k_dense_replace or 0
+        mlp_total = dense_layers * dense_mlp + (shape.layers - dense_layers) * (routed + moe_dense)
+    else:
+        routed = moe_dense = 0.0
+        dense_layers = shape.layers
+        mlp_total = shape.layers * dense_mlp
+    attention = max(0.0, (total - embed_all - mlp_total - h) / shape.layers)
+    return LayerParams(embedding, attention, dense_mlp, moe_dense, routed, dense_layers)
+
+
+@dataclass(frozen=True)
+class MegatronMemory:
+    """The Megatron side of one candidate's memory inputs (``memory.MemoryInputs.megatron``)."""
+
+    world: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    vpp: int | None
+    options: MegatronOptions
+    #: Micro-batches of one mini-batch per GPU (caps the 1F1B micro-batches in flight).
+    micro_batches: int
+    #: The optimizer state is offloaded outside the update (``megatron.optimizer_offload``).
+    optimizer_offload: bool = False
+
+    @property
+    def dp(self) -> int:
+        """megatron-core's data-parallel size ``W / (TP x PP x CP)``."""
+        return max(1, self.world // max(1, self.tp * self.pp * self.cp))
+
+    @property
+    def expert_dp(self) -> int:
+        """The experts' data-parallel size ``W / (EP x ETP x PP)``."""
+        return max(1, self.world // max(1, self.ep * self.etp * self.pp))
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage's share: its parameters per GPU and its place in the pipeline."""
+
+    index: int
+    layers: int
+    dense_params: float  # per GPU, split over TP
+    expert_params: float  # per GPU, split over EP x ETP
+    moe_layers: int
+    first: bool
+    last: bool
+
+    @property
+    def params(self) -> float:
+        """All of the stage's parameters on one GPU."""
+        return self.dense_params + self.expert_params
+
+
+def stages(shape: ModelShape, mm: MegatronMemory) -> list[Stage]:
+    """The first, second and last pipeline stages (the others repeat the second's shape), per GPU."""
+    return list(_stages(shape, mm.tp, mm.pp, mm.ep, mm.etp, mm.options))
+
+
+@functools.lru_cache(maxsize=1024)
+def _stages(
+    shape: ModelShape, tp: int, pp: int, ep: int, etp: int, options: MegatronOptions
+) -> tuple[Stage, ...]:
+    """:func:`stages` for one mesh (cached: the search asks for the same mesh's stages once per estimate)."""
+    mm = MegatronMemory(
+        world=tp * pp, tp=tp, pp=pp, cp=1, ep=ep, etp=etp, vpp=None, options=options, micro_batches=1
+    )
+    split = mm.options.split(shape.layers, mm.pp)
+    if split is None:  # the rules report it; the estimate takes the largest even share
+        per = -(-shape.layers // mm.pp)
+        split = tuple([per] * mm.pp)
+    lp = layer_params(shape)
+    out: list[Stage] = []
+    start = 0
+    for index, layers in enumerate(split):
+        end = start + layers
+        if index in (0, 1, mm.pp - 1):
+            dense = max(0, min(end, lp.dense_layers) - start) if shape.num_experts else layers
+            moe = layers - dense if shape.num_experts else 0
+            tp_params = layers * lp.attention + dense * lp.dense_mlp + moe * lp.moe_dense
+            if index == 0:
+                tp_params += lp.embedding
+            if index == mm.pp - 1 and not (shape.tie_word_embeddings and mm.pp == 1):
+                tp_params += lp.embedding + shape.hidden_size
+            out.append(
+                Stage(
+                    index=index,
+                    layers=layers,
+                    dense_params=tp_params / mm.tp,
+                    expert_params=moe * lp.moe_routed / (mm.ep * mm.etp),
+                    moe_layers=moe,
+                    first=index == 0,
+                    last=index == mm.pp - 1,
+                )
+            )
+        start = end
+    return tuple(out)
+
+
+def optimizer_state(mm: MegatronMemory, st: Stage) -> float:
+    """The GPU's share of the distributed optimizer's state of stage ``st`` on one GPU."""
+    return mm.options.gpu_optimizer_share * _optimizer(mm, st)
+
+
+def _optimizer(mm: MegatronMemory, st: Stage) -> float:
+    """The distributed optimizer's state of the stage on one GPU (before any CPU offload)."""
+    return mm.options.optimizer_bytes * (st.dense_params / mm.dp + st.expert_params / mm.expert_dp)
+
+
+def resident_parts(mm: MegatronMemory, st: Stage, param_offload: bool, ref: bool) -> dict[str, float]:
+    """What stays on the GPU outside the update (the rollout phase): weights, gradients, optimizer, ref."""
+    o = mm.options
+    parts = {
+        "actorWeights": 0.0 if param_offload else WEIGHT_BYTES * st.params,
+        # verl's offload of the model frees the grad buffer too (0.6.1 ``utils/megatron_utils.py`` line 350).
+        "gradients": 0.0 if o.grad_offload or param_offload else GRAD_BYTES * st.params,
+        "optimizer": 0.0 if mm.optimizer_offload else o.gpu_optimizer_share * _optimizer(mm, st),
+    }
+    if ref and not o.ref_param_offload:
+        parts["ref"] = WEIGHT_BYTES * st.params
+    return parts
+
+
+def in_flight(mm: MegatronMemory, st: Stage) -> float:
+    """Micro-batches whose activations stage ``st`` holds at its 1F1B peak (see the module)."""
+    held = min(mm.pp - st.index, max(1, mm.micro_batches))
+    if mm.vpp and mm.vpp > 1 and mm.pp > 1:
+        return held * (1 + (mm.pp - 1) / (mm.pp * mm.vpp))
+    return float(held)
+
+
+def kept_layer_bytes(mm: MegatronMemory, st: Stage, a: int, h: int, tokens: float) -> tuple[float, float]:
+    """``(bytes one micro-batch keeps for the stage's backward, the recompute's extra bytes)`` per GPU."""
+    o = mm.options
+    per_tp = tokens / mm.tp
+    if o.recompute_granularity != "full":
+        return st.layers * a * per_tp, 0.0
+    chunk = max(1, o.recompute_num_layers or 1)
+    if o.recompute_method == "block":  # the first ``chunk`` layers recomputed, the rest kept
+        recomputed = min(chunk, st.layers)
+        kept = recomputed * RECOMPUTE_INPUT_BYTES * h * per_tp + (st.layers - recomputed) * a * per_tp
+        return kept, (a * per_tp if recomputed else 0.0)
+    chunks = -(-st.layers // chunk)
+    return chunks * RECOMPUTE_INPUT_BYTES * h * per_tp, min(chunk, st.layers) * a * per_tp
+
+
+def train_parts(
+    shape: ModelShape, mm: MegatronMemory, st: Stage, a: int, tokens: int, entropy: bool, ref: bool
+) -> dict[str, float]:
+    """The update's peak on one GPU of stage ``st``: the full state, 1F1B activations, routing, logits."""
+    o = mm.options
+    t = tokens / mm.cp
+    state = {
+        "actorWeights": WEIGHT_BYTES * st.params,
+        "gradients": GRAD_BYTES * st.params,
+        "optimizer": o.gpu_optimizer_share * _optimizer(mm, st),
+    }
+    if ref and not o.ref_param_offload:
+        state["ref"] = WEIGHT_BYTES * st.params
+    kept, recompute = kept_layer_bytes(mm, st, a, shape.hidden_size, t)
+    parts = {**state, "activations": in_flight(mm, st) * kept + recompute}
+    if st.moe_layers and shape.num_experts:
+        per_tp = t / mm.tp
+        kept_moe = st.moe_layers if o.recompute_granularity != "full" else 0
+        parts["moeRouting"] = in_flight(mm, st) * kept_moe * per_tp * shape.num_experts * ROUTER_BYTES + (
+            2 * per_tp * (shape.num_experts_per_tok or 1) * shape.hidden_size * 2
+        )
+    if st.last:
+        logit = LOGITS_TRAIN_BYTES + (LOGITS_ENTROPY_EXTRA_BYTES if entropy else 0)
+        parts["logits"] = t * math.ceil(shape.vocab_size / mm.tp) * logit
+    return parts
+
+
+def log_prob_parts(
+    shape: ModelShape,
+    mm: MegatronMemory,
+    st: Stage,
+    a: int,
+    tokens: int,
+    param_offload: bool,
+    ref: bool,
+) -> dict[str, float]:
+    """A forward-only log-prob pass on one GPU of stage ``st``: the resident state with the weights loaded
+    back, one layer's activations (nothing is kept for a backward) and the last stage's logits."""
+    t = tokens / mm.cp
+    parts = resident_parts(mm, st, False, ref)
+    if param_offload:  # verl loads the weights back for the pass, not the gradients (load_grad=False)
+        parts["gradients"] = 0.0
+    parts["activations"] = 2 * a * t / mm.tp
+    if st.last:
+        parts["logits"] = t * math.ceil(shape.vocab_size / mm.tp) * LOGITS_FORWARD_BYTES
+    return parts
+
+
+def peak_stage(parts_of: list[dict[str, float]]) -> dict[str, float]:
+    """The parts of the stage with the largest sum."""
+    return max(parts_of, key=lambda parts: sum(parts.values()))
+
+
+def of_candidate(p: Problem, s: Settings, mini_tokens: int, micro_tokens: int) -> MegatronMemory | None:
+    """The Megatron memory inputs of a candidate (None for FSDP): its sizes, the job's options and the
+    micro-batches of one per-GPU mini-batch (``mini_tokens / micro_tokens``, rounded up)."""
+    if s.training_engine != "megatron":
+        return None
+    return MegatronMemory(
+        world=s.world,
+        tp=s.megatron_tp,
+        pp=s.megatron_pp,
+        cp=s.megatron_cp,
+        ep=s.megatron_ep,
+        etp=s.megatron_etp if s.megatron_etp is not None else s.megatron_tp,
+        vpp=s.megatron_vpp,
+        options=p.megatron_options,
+        micro_batches=max(1, -(-mini_tokens // max(1, micro_tokens))),
+        optimizer_offload=s.optimizer_offload,
+    )
+
+
+def uneven_split(p: Problem, pp: int) -> bool:
+    """The job pins an uneven stage split that megatron-core can build for PP ``pp``."""
+    return p.megatron_options.uneven and p.megatron_options.split(p.shape.layers, pp) is not None
