@@ -20,6 +20,7 @@ import pytest
 from kubernetes import client
 
 from verl_devtools.devcluster import DevCluster, binaries, load_profile
+from verl_devtools.devcluster.kueue import ensure_kueue
 from verl_devtools.devcluster.layout import COMPONENTS
 from verl_devtools.devcluster.ports import listening
 from verl_devtools.devcluster.process import alive
@@ -51,6 +52,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     capture = session.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
         binaries.ensure((*COMPONENTS, "kubectl", "helm"))
+        if any(Path(str(item.fspath)).name == "test_kueue.py" for item in session.items):
+            ensure_kueue()  # Kueue's manager and manifests (cached after the first build)
 
 
 def _remove_stale_test_instances() -> None:

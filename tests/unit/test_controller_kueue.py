@@ -182,6 +182,9 @@ def test_a_preempted_job_requeues_as_the_next_attempt_without_counting_a_restart
     assert set(world.pods()) == {f"{NAME}-r1-head", f"{NAME}-r1-worker-1"}
     labels = {p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] for p in world.pods().values()}
     assert labels == {f"{NAME}-r1"}
+    for pod in world.pods().values():  # the operator retries, not Kueue: the group ends when its pods end
+        assert pod["metadata"]["annotations"]["kueue.x-k8s.io/retriable-in-group"] == "false"
+        assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "2"
     assert world.kube.get_job(NS, NAME)["spec"] == SPEC  # type: ignore[index]
     kueue_gates(world)
     status = world.reconcile()
