@@ -373,6 +373,27 @@ def test_multi_turn_and_agent_loop_keys_pass_through(override: str) -> None:
     assert result.feasible and override in result.plan.overrides
 
 
+@pytest.mark.parametrize(
+    ("overrides", "warns"),
+    [
+        pytest.param([f"{ARR}.rollout.agent.default_agent_loop=tool_agent"], False, id="registered"),
+        pytest.param([f"{ARR}.rollout.agent.default_agent_loop=my_loop"], True, id="unknown"),
+        pytest.param(
+            [
+                f"{ARR}.rollout.agent.default_agent_loop=my_loop",
+                f"{ARR}.rollout.agent.agent_loop_config_path=/l.yaml",
+            ],
+            False,
+            id="named-by-a-config-file",
+        ),
+    ],
+)
+def test_default_agent_loop_is_one_verl_can_find(overrides: list[str], warns: bool) -> None:
+    result = _plan("0.9", {"name": "sglang"}, overrides)
+    assert result.feasible
+    assert any("default_agent_loop=my_loop is not an agent loop" in w for w in result.warnings) == warns
+
+
 def test_multi_turn_keys_are_type_checked() -> None:
     result = _plan("0.9", {"name": "sglang"}, [f"{ARR}.rollout.multi_turn.max_user_turns=many"])
     assert any("max_user_turns" in v.field for v in result.violations)

@@ -125,8 +125,27 @@ def resolve_engine(version: str, mode: str, r: Reader) -> tuple[str, list[Violat
     r.get_str("agent_default_agent_loop", reads=True)
     r.get_int("agent_num_workers", reads=True)
     r.get_str("agent_loop_config_path", reads=True)
-    warnings += _multi_turn_warnings(version, name, mode, r)
+    warnings += _multi_turn_warnings(version, name, mode, r) + _agent_loop_warnings(version, r)
     return name, out, warnings
+
+
+#: The agent loops each release registers by name (``@register``: 0.6.1
+#: ``experimental/agent_loop/single_turn_agent_loop.py`` line 27, ``tool_agent_loop.py`` line 80; 0.9.1 lines 28
+#: and 101); others come from ``agent.agent_loop_config_path`` (0.9.1 ``agent_loop.py`` lines 534-539).
+AGENT_LOOPS = frozenset({"single_turn_agent", "tool_agent"})
+
+
+def _agent_loop_warnings(version: str, r: Reader) -> list[str]:
+    """An ``agent.default_agent_loop`` that is no registered agent loop, with no ``agent_loop_config_path``
+    that could name it: the loop's lookup (0.9.1 ``agent_loop.py`` line 682) fails for every sample without an
+    ``agent_name`` of its own, once the rollout runs."""
+    loop = r.get_str("agent_default_agent_loop", reads=True)
+    if loop is None or loop in AGENT_LOOPS or r.get_str("agent_loop_config_path", reads=True):
+        return []
+    return [
+        f"rollout.agent.default_agent_loop={loop} is not an agent loop verl {version} registers "
+        f"({', '.join(sorted(AGENT_LOOPS))}) and no rollout.agent.agent_loop_config_path names one"
+    ]
 
 
 #: The tool-call formats (``multi_turn.format``) each release's tool parser registers
