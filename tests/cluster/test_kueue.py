@@ -59,13 +59,16 @@ class Kueued:
         self.cluster_objects: list[tuple[str, str, str, str]] = []  # (group, version, plural, name)
         self.core.create_namespace({"metadata": {"name": self.ns}})
 
-    def queues(self, gpus: int, preemption: dict[str, Any] | None = None) -> None:
-        """An H100 ResourceFlavor, a ClusterQueue with ``gpus`` nvidia.com/gpu and a LocalQueue ``gpu``."""
+    def queues(
+        self, gpus: int, preemption: dict[str, Any] | None = None, topology: str | None = None
+    ) -> None:
+        """An H100 ResourceFlavor (with a Topology: Kueue's TAS), a ClusterQueue with ``gpus`` nvidia.com/gpu and
+        a LocalQueue ``gpu``."""
         flavor = f"h100-{self.ns}"
-        self._cluster_create(
-            "resourceflavors",
-            {"metadata": {"name": flavor}, "spec": {"nodeLabels": {"nvidia.com/gpu.product": H100}}},
-        )
+        flavor_spec: dict[str, Any] = {"nodeLabels": {"nvidia.com/gpu.product": H100}}
+        if topology:
+            flavor_spec["topologyName"] = topology
+        self._cluster_create("resourceflavors", {"metadata": {"name": flavor}, "spec": flavor_spec})
         spec: dict[str, Any] = {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.ns}},
             "resourceGroups": [
@@ -313,3 +316,39 @@ def test_the_example_queues_and_job_run_as_documented(
         assert len(pods) == 2 and all(p.spec.node_name and not gated(p) for p in pods)
     finally:
         made.cleanup()
+
+
+def test_a_required_rack_is_kueues_topology_aware_scheduling(kq: Kueued) -> None:
+    """``placement.topologyKey`` (the rack label) with ``topologyPolicy: required`` becomes Kueue's
+    ``podset-required-topology``: with a Topology of racks and nodes on the flavor, Kueue assigns the whole pod
+    group to one rack (its Workload's topology assignment) and both pods run on nodes of that rack."""
+    rack = "network.topology.nvidia.com/leaf"
+    topology = f"racks-{kq.ns}"
+    kq.custom.create_cluster_custom_object(
+        *KUEUE_API,
+        "topologies",
+        {
+            "apiVersion": "/".join(KUEUE_API),
+            "kind": "Topology",
+            "metadata": {"name": topology},
+            "spec": {"levels": [{"nodeLabel": rack}, {"nodeLabel": "kubernetes.io/hostname"}]},
+        },
+    )
+    kq.cluster_objects.append((*KUEUE_API, "topologies", topology))
+    kq.queues(gpus=16, topology=topology)
+    body = verljob(
+        "racked",
+        16,
+        scheduling={"queueName": "gpu"},
+        placement={"topologyKey": rack, "topologyPolicy": "required"},
+    )
+    kq.custom.create_namespaced_custom_object(GROUP, VERSION, kq.ns, PLURAL, body)
+    kq.wait("racked", "Running", timeout=90)
+    pods = kq.pods("racked")
+    assert all(p.metadata.annotations["kueue.x-k8s.io/podset-required-topology"] == rack for p in pods)
+    admission = ((kq.workload("racked-r0") or {}).get("status") or {}).get("admission") or {}
+    assignments = admission.get("podSetAssignments") or []
+    assert assignments and all(a.get("topologyAssignment") for a in assignments), admission
+    nodes = client.CoreV1Api(kq.core.api_client)
+    racks = {nodes.read_node(p.spec.node_name).metadata.labels[rack] for p in pods}
+    assert len(racks) == 1, racks

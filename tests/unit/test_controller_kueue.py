@@ -218,3 +218,24 @@ def test_the_workload_is_read_only_while_kueue_holds_or_removed_the_pods() -> No
 )
 def test_only_a_job_waiting_for_kueues_admission_is_polled(status: dict[str, Any], due: float | None) -> None:
     assert poll_due({"status": status}, T0) == due
+
+
+@pytest.mark.parametrize(
+    ("policy", "annotation"),
+    [
+        pytest.param("required", "kueue.x-k8s.io/podset-required-topology", id="required"),
+        pytest.param("preferred", "kueue.x-k8s.io/podset-preferred-topology", id="preferred"),
+        pytest.param(None, None, id="no-topology-rule"),
+    ],
+)
+def test_the_topology_rule_is_handed_to_kueues_topology_aware_scheduling(
+    policy: str | None, annotation: str | None
+) -> None:
+    rack = "network.topology.nvidia.com/leaf"
+    placement = {"topologyKey": rack, "topologyPolicy": policy} if policy else {}
+    world = World({**SPEC, "placement": placement})
+    world.reconcile(2)
+    for pod in world.pods().values():
+        topology = {k: v for k, v in pod["metadata"]["annotations"].items() if k.endswith("-topology")}
+        assert topology == ({annotation: rack} if annotation else {})
+        assert "affinity" not in pod["spec"], "Kueue chooses the nodes"

@@ -54,6 +54,12 @@ KUEUE_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
 #: "false": Kueue finishes the pod group's Workload (freeing its quota and its finalizers on the pods) once
 #: every pod ended, instead of waiting for replacement pods: the operator retries with a new group instead.
 KUEUE_RETRIABLE = "kueue.x-k8s.io/retriable-in-group"
+#: Kueue's Topology Aware Scheduling: every pod of the group in one domain of this node label (required) or
+#: as few as Kueue can (preferred); the label must be a level of the ResourceFlavor's Topology.
+KUEUE_TOPOLOGY = {
+    "required": "kueue.x-k8s.io/podset-required-topology",
+    "preferred": "kueue.x-k8s.io/podset-preferred-topology",
+}
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 #: Pod Security ``restricted`` controls that hold for any image (runAsNonRoot depends on the image's user:
 #: ``spec.security.podSecurityContext``). https://kubernetes.io/docs/concepts/security/pod-security-standards/
@@ -309,6 +315,10 @@ def _schedule(
         labels[KUEUE_GROUP_LABEL] = kueue_group(name, attempt)
         annotations[KUEUE_GROUP_COUNT] = str(plan.nnodes)
         annotations[KUEUE_RETRIABLE] = "false"
+        where = spec.placement
+        if where.topology_key and where.topology_policy is not None:
+            # The placement's topology rule, as Kueue's TAS reads it (the operator does not choose nodes here).
+            annotations[KUEUE_TOPOLOGY[where.topology_policy]] = where.topology_key
     elif sched.gang == "volcano":
         pod_spec["schedulerName"] = "volcano"
         annotations[VOLCANO_GROUP_ANNOTATION] = f"{name}-r{attempt}"
