@@ -222,3 +222,54 @@ def _base_overrides() -> tuple[str, ...]:
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "trainer.n_gpus_per_node=8",
     )
+
+
+#: Rollout data parallelism the planner accepts: (engine, line, TP, DP, extra overrides).
+DP_CASES = (
+    ("sglang", "0.9", 2, 2, ()),
+    ("sglang", "0.9", 1, 8, ()),
+    ("vllm", "0.9", 2, 4, ()),
+    ("sglang", "0.6", 2, 2, ("actor_rollout_ref.rollout.mode=async",)),
+)
+
+
+def test_rollout_data_parallel_plans_pass_verl(verl_runners: dict[str, VerlRunner]) -> None:
+    """Plans with ``rollout.data_parallel_size`` > 1 pass verl's RolloutConfig (EP == TP x DP) and
+    RolloutReplica (a replica of TP x DP GPUs on whole nodes); the replicas the plan reports are verl's."""
+    from verl_operator.api.spec import VerlJobSpec
+    from verl_operator.commands.plan import load_nodes
+    from verl_operator.planner import plan_job
+
+    nodes = load_nodes(str(ROOT / "examples" / "clusters" / "dgx-h100.yaml"))
+    requests: dict[str, list[CheckRequest]] = {}
+    for engine, line, tp, dp, extra in DP_CASES:
+        doc = {
+            "verl": {"image": "verl:test", "version": line},
+            "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
+            "algorithm": "grpo",
+            "rollout": {"name": engine, "tensorParallelSize": tp},
+            "resources": {"gpus": 8},
+            "overrides": [f"actor_rollout_ref.rollout.data_parallel_size={dp}", *extra],
+        }
+        spec = VerlJobSpec.model_validate(doc)
+        result = plan_job(spec, nodes)
+        label = f"{engine}|{line}|tp{tp}|dp{dp}"
+        assert result.feasible, (label, [v.one_line() for v in result.violations])
+        assert result.plan.rollout.replicas == result.plan.world_size // (tp * dp), label
+        req = CheckRequest(label, tuple(result.plan.overrides), (), model_shape(spec))
+        requests.setdefault(RELEASE[line], []).append(req)
+    failures = []
+    for release, reqs in requests.items():
+        for req, res in zip(reqs, verl_runners[release].check(reqs), strict=True):
+            if not res.ok:
+                failures.append((req.id, res.stage, res.error))
+    assert not failures, failures
+    # The check can fail: a replica of TP 4 x DP 3 = 12 GPUs does not tile nodes of 8 (the planner refuses it).
+    first = requests[RELEASE["0.9"]][0]
+    broken = (
+        *first.overrides,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+        "actor_rollout_ref.rollout.data_parallel_size=3",
+    )
+    [res] = verl_runners[RELEASE["0.9"]].check([CheckRequest("broken", broken, (), first.model_shape)])
+    assert not res.ok and res.stage == "rollout_replica", res
