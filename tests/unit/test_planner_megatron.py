@@ -115,6 +115,34 @@ MEGATRON_CASES = [
         id="vpp-with-pp1",
     ),
     pytest.param(
+        rules_megatron.vpp_needs_pp,
+        {},
+        {"megatron_pp": 1, "megatron_vpp": 1},
+        "megatron-vpp-needs-pp",
+        id="vpp1-with-pp1",  # megatron-core refuses any virtual pipeline size with PP 1
+    ),
+    pytest.param(
+        rules_megatron.expert_tp_sequence_parallel,
+        {"shape": MOE, "megatron_sequence_parallel": False},
+        {"megatron_ep": 2, "megatron_tp": 2},
+        "megatron-ep-tp-sequence-parallel",
+        id="ep2-tp2-without-sequence-parallel",
+    ),
+    pytest.param(
+        rules_megatron.expert_tp_sequence_parallel,
+        {"shape": MOE, "megatron_sequence_parallel": False},
+        {"megatron_ep": 2, "megatron_tp": 1},
+        None,
+        id="ep2-tp1-without-sequence-parallel-ok",
+    ),
+    pytest.param(
+        rules_megatron.expert_tp_sequence_parallel,
+        {"shape": MOE},
+        {"megatron_ep": 2, "megatron_tp": 2},
+        None,
+        id="ep2-tp2-sequence-parallel-default-ok",
+    ),
+    pytest.param(
         rules_megatron.experts_divisible, {"shape": MOE}, {"megatron_ep": 8}, None, id="experts-ep8-ok"
     ),
     pytest.param(
@@ -243,7 +271,7 @@ def test_world_message_shows_the_arithmetic_and_the_nearest_sizes() -> None:
 
 
 def test_heads_message_names_both_counts() -> None:
-    [v] = apply(rules_megatron.heads_divisible, problem(), settings(megatron_tp=8))
+    [v] = apply(rules_megatron.heads_divisible, problem(version="0.6"), settings(megatron_tp=8))
     assert v.message == (
         "the model's 28 attention heads do not divide by TP 8 (28 % 8 = 4); "
         "the model's 4 KV heads do not divide by TP 8 (4 % 8 = 4)"

@@ -65,25 +65,33 @@ def world_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
 
 
 def heads_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
-    """TP splits the attention heads and the KV heads (query groups) evenly (megatron-core
-    ``transformer/attention.py``: ``divide(num_attention_heads, tp)`` and ``divide(num_query_groups, tp)``)."""
+    """TP splits the attention heads evenly, and the KV heads (query groups) are a multiple of TP; with verl 0.9's
+    megatron-core (0.16.1) the KV heads may also divide TP (each is then replicated). megatron-core
+    ``TransformerConfig.__post_init__``: 0.14.0 ``transformer/transformer_config.py`` lines 680-700, 0.16.1
+    lines 923-946 (``num_query_groups ... must be a multiple or divisor of tensor_model_parallel_size``)."""
     if not _on(p, mesh):
         return []
     tp = mesh.settings.megatron_tp
     heads, kv = p.shape.attention_heads, p.shape.kv_heads
-    bad = [(label, n) for label, n in (("attention heads", heads), ("KV heads", kv)) if n % tp]
+
+    def kv_ok(t: int) -> bool:
+        return kv % t == 0 or (p.version != "0.6" and t % kv == 0)
+
+    bad = [
+        f"the model's {heads} attention heads do not divide by TP {tp} ({heads} % {tp} = {heads % tp})"
+    ] * (heads % tp != 0)
+    if not kv_ok(tp):
+        either = "" if p.version == "0.6" else f" and do not divide TP {tp}"
+        bad.append(f"the model's {kv} KV heads do not divide by TP {tp} ({kv} % {tp} = {kv % tp}){either}")
     if not bad:
         return []
-    ok = [d for d in arith.divisors(heads) if kv % d == 0]
+    ok = [d for d in arith.divisors(heads) if kv_ok(d)]
     near = [max((d for d in ok if d < tp), default=1), *[d for d in ok if d > tp][:1]]
     return [
         Violation(
             field=_field(p, "megatron_tp"),
             rule="megatron-tp-heads",
-            message="; ".join(
-                f"the model's {n} {label} do not divide by TP {tp} ({n} % {tp} = {n % tp})"
-                for label, n in bad
-            ),
+            message="; ".join(bad),
             suggestions=[f"use TP {_or(sorted(set(near)))}"],
         )
     ]
@@ -127,19 +135,46 @@ def layers_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
 
 
 def vpp_needs_pp(p: Problem, mesh: Mesh) -> list[Violation]:
-    """Virtual pipeline stages need PP > 1 (megatron-core ``parallel_state.initialize_model_parallel``:
-    ``pipeline-model-parallel size should be greater than 1 with interleaved schedule``)."""
+    """A virtual pipeline size (any, 1 included) needs PP > 1 (megatron-core 0.14.0 ``parallel_state.py``
+    ``initialize_model_parallel`` lines 656-660, 0.16.1 lines 745-749: ``if virtual_pipeline_model_parallel_size
+    is not None: if not pipeline_model_parallel_size > 1: raise``)."""
     if not _on(p, mesh):
         return []
     s = mesh.settings
-    if s.megatron_vpp is None or s.megatron_vpp <= 1 or s.megatron_pp > 1:
+    if s.megatron_vpp is None or s.megatron_pp > 1:
         return []
     return [
         Violation(
             field=_field(p, "megatron_vpp"),
             rule="megatron-vpp-needs-pp",
-            message=f"virtual pipeline size {s.megatron_vpp} with PP {s.megatron_pp}: an interleaved schedule needs PP > 1",
-            suggestions=["drop virtualPipelineParallelSize, or set pipelineParallelSize to 2 or more"],
+            message=(
+                f"virtual pipeline size {s.megatron_vpp} with PP {s.megatron_pp}: megatron-core's interleaved "
+                "schedule needs PP > 1 (it refuses any virtual pipeline size with PP 1)"
+            ),
+            suggestions=["drop virtualPipelineParallelSize (null), or set pipelineParallelSize to 2 or more"],
+        )
+    ]
+
+
+def expert_tp_sequence_parallel(p: Problem, mesh: Mesh) -> list[Violation]:
+    """EP > 1 with TP > 1 needs sequence parallelism (megatron-core 0.14.0 ``model_parallel_config.py``
+    ``ModelParallelConfig.__post_init__`` lines 387-392: ``When using expert parallelism and tensor
+    parallelism, sequence parallelism must be used``); verl passes ``megatron.sequence_parallel`` (default
+    True) to the transformer config."""
+    if not _on(p, mesh):
+        return []
+    s = mesh.settings
+    if p.megatron_sequence_parallel is not False or s.megatron_ep <= 1 or s.megatron_tp <= 1:
+        return []
+    return [
+        Violation(
+            field=_field(p, "megatron_sequence_parallel"),
+            rule="megatron-ep-tp-sequence-parallel",
+            message=(
+                f"EP {s.megatron_ep} with TP {s.megatron_tp} and megatron.sequence_parallel=False: megatron-core "
+                "needs sequence parallelism when both expert and tensor parallelism are used"
+            ),
+            suggestions=["set megatron.sequence_parallel=True", "or use TP 1, or EP 1"],
         )
     ]
 
@@ -265,6 +300,7 @@ RULES: tuple[Rule, ...] = (
     layers_divisible,
     vpp_needs_pp,
     experts_divisible,
+    expert_tp_sequence_parallel,
     tp_nvlink,
     minimal_batch,
     megatron_dtype,

@@ -1,0 +1,81 @@
+"""Megatron rules found by judging verl's own Megatron scripts (tests/fidelity/test_fidelity_megatron_corpus.py):
+the FSDP ``B x n % W`` rule does not apply to Megatron (verl checks Megatron's DP x micro-batch instead), and
+Hydra's ``+key=value`` adds to a key whose value is null."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import make_problem, make_settings
+
+from verl_operator.planner import rules, rules_megatron, verl_keys
+from verl_operator.planner.mesh import Mesh
+from verl_operator.planner.overrides import parse_override
+
+#: 8 GPUs, TP 2 -> Megatron DP 4; 6 x 2 = 12 trajectories: 12 % 8 != 0 but 12 % (DP 4 x micro 1) == 0.
+BATCH = {"train_batch_size": 6, "rollout_n": 2, "ppo_mini_batch_size": 6, "ppo_micro_batch_size_per_gpu": 1}
+
+
+@pytest.mark.parametrize(
+    ("engine", "extra", "expected"),
+    [
+        pytest.param("megatron", {"megatron_tp": 2}, set(), id="megatron-dp4-12-trajectories-ok"),
+        pytest.param(
+            "megatron",
+            {"megatron_tp": 2, "train_batch_size": 5},
+            {"megatron-minimal-batch"},
+            id="megatron-dp4-10-trajectories",
+        ),
+        pytest.param("fsdp", {}, {"batch-divisible-by-world"}, id="fsdp-12-over-8-gpus"),
+    ],
+)
+def test_megatron_batch_is_checked_against_dp_not_world(
+    engine: str, extra: dict[str, Any], expected: set[str]
+) -> None:
+    p = make_problem(training_engine=engine)
+    mesh = Mesh.of(p, make_settings(training_engine=engine, **{**BATCH, **extra}))
+    found = {
+        v.rule
+        for rule in (rules.batch_divisible_by_world, rules_megatron.minimal_batch)
+        for v in rule(p, mesh)
+    }
+    assert found == expected
+
+
+RECOMPUTE = "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method"
+
+
+@pytest.mark.parametrize(
+    ("version", "raw", "refused"),
+    [
+        # null in verl 0.6.1's and 0.9.1's ppo_megatron_trainer: Hydra's + adds to it
+        pytest.param("0.6/megatron", f"+{RECOMPUTE}=uniform", False, id="plus-on-null-0.6"),
+        pytest.param("0.9/megatron", f"+{RECOMPUTE}=uniform", False, id="plus-on-null-0.9"),
+        # a key with a value: Hydra refuses + (An item is already at ...)
+        pytest.param("0.9/megatron", "+data.train_batch_size=8", True, id="plus-on-a-value"),
+    ],
+)
+def test_plus_adds_to_a_null_key(version: str, raw: str, refused: bool) -> None:
+    assert (RECOMPUTE in verl_keys.null_keys(version)) is True
+    found = [v.rule for v in verl_keys.key_violations([parse_override(raw)], version)]
+    assert found == (["override-add-existing"] if refused else [])
+
+
+@pytest.mark.parametrize(
+    ("version", "tp", "refused"),
+    [
+        pytest.param("0.6", 8, True, id="0.6-kv4-tp8"),  # megatron-core 0.14: KV heads a multiple of TP
+        pytest.param("0.9", 8, False, id="0.9-kv4-tp8"),  # megatron-core 0.16: or a divisor of TP
+        pytest.param("0.9", 16, False, id="0.9-heads32-tp16-kv4"),  # 32 % 16 == 0 and 16 % 4 == 0
+        pytest.param("0.9", 3, True, id="0.9-tp3"),
+    ],
+)
+def test_kv_heads_may_divide_tp_on_0_9(version: str, tp: int, refused: bool) -> None:
+    from test_planner_megatron import MOE  # 32 heads, 4 KV heads
+
+    p = make_problem(training_engine="megatron", version=version, shape=MOE)
+    found = rules_megatron.heads_divisible(
+        p, Mesh.of(p, make_settings(training_engine="megatron", megatron_tp=tp))
+    )
+    assert bool(found) is refused, [v.message for v in found]
