@@ -227,6 +227,8 @@ def test_over_quota_the_gang_stays_gated_with_kueues_reason_then_runs_once_admit
     ]
     assert status.get("restarts", 0) == 0
     assert condition(kq.workload("big-r0"), "Admitted").get("status") == "True"
+    placed = next(c for c in status["conditions"] if c["type"] == "Placed")
+    assert (placed["status"], placed["reason"]) == ("True", "Admitted"), placed
 
 
 def test_two_jobs_that_do_not_both_fit_run_in_kueues_order(kq: Kueued) -> None:
@@ -263,9 +265,20 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_requeues(kq: Kueue
     kq.wait("victim", "Running")
     kq.submit("urgent", priority=high)
 
-    status = kq.wait("victim", "Pending", "Preempted", timeout=90)
-    assert "Kueue evicted the Ray pods of attempt 0" in status["message"], status["message"]
-    assert "Preempted" in status["message"] or "preempt" in status["message"].lower(), status["message"]
+    def preempted() -> dict[str, Any] | None:
+        st = kq.status("victim")
+        return st if condition({"status": st}, "Preempted").get("status") == "True" else None
+
+    def kueue_side() -> str:
+        urgent = kq.workload("urgent-r0") or {}
+        return f"urgent's Workload: priority {urgent.get('spec', {}).get('priority')}, {urgent.get('status')}"
+
+    try:
+        status = wait_for(preempted, "victim's Preempted condition", 90)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; {kueue_side()}") from exc
+    message = condition({"status": status}, "Preempted")["message"]
+    assert "Kueue evicted the Ray pods of attempt 0" in message and "preempt" in message.lower(), message
     assert status.get("restarts", 0) == 0 and status["attempt"] == 1
     assert kq.job("victim")["spec"] == created["spec"], "the spec is left as the user wrote it"
     kq.wait("urgent", "Running", timeout=90)
@@ -278,6 +291,7 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_requeues(kq: Kueue
     kq.delete_job("urgent")
     final = kq.wait("victim", "Running", timeout=90)
     assert final["attempt"] == 1 and final.get("restarts", 0) == 0
+    assert condition({"status": final}, "Preempted").get("status") == "False"
     assert all(p.metadata.name.startswith("victim-r1-") for p in kq.pods("victim"))
 
 

@@ -189,6 +189,12 @@ def test_a_preempted_job_requeues_as_the_next_attempt_without_counting_a_restart
     kueue_gates(world)
     status = world.reconcile()
     assert status["reason"] == "NotAdmitted" and status.get("restarts", 0) == 0
+    preempted = next(c for c in status["conditions"] if c["type"] == "Preempted")
+    assert preempted["status"] == "True" and EVICTED in preempted["message"], "kept while attempt 1 waits"
+    admitted_and_running(world)
+    status = world.reconcile()
+    preempted = next(c for c in status["conditions"] if c["type"] == "Preempted")
+    assert (status["reason"], preempted["status"]) == ("Admitted", "False")
 
 
 def test_the_workload_is_read_only_while_kueue_holds_or_removed_the_pods() -> None:
@@ -239,3 +245,19 @@ def test_the_topology_rule_is_handed_to_kueues_topology_aware_scheduling(
         topology = {k: v for k, v in pod["metadata"]["annotations"].items() if k.endswith("-topology")}
         assert topology == ({annotation: rack} if annotation else {})
         assert "affinity" not in pod["spec"], "Kueue chooses the nodes"
+
+
+def test_admission_after_waiting_sets_placed_and_then_running() -> None:
+    world = World()
+    world.reconcile(2)
+    kueue_gates(world)
+    workload()(world)
+    assert world.reconcile()["reason"] == "NotAdmitted"
+    admitted_and_running(world)
+    status = world.reconcile()
+    placed = next(c for c in status["conditions"] if c["type"] == "Placed")
+    assert (status["phase"], status["reason"]) == ("Starting", "Admitted")
+    assert (placed["status"], placed["reason"]) == ("True", "Admitted") and f"{NAME}-r0" in placed["message"]
+    status = world.reconcile()
+    placed = next(c for c in status["conditions"] if c["type"] == "Placed")
+    assert status["phase"] == "Running" and (placed["status"], placed["reason"]) == ("True", "Admitted")

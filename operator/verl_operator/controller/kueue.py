@@ -8,10 +8,11 @@ with the condition ``TerminationTarget`` (reason ``WorkloadEvicted``, its messag
 deletes them. :func:`kueue_transition` turns those into the job's status:
 
 - pods gated by Kueue: ``Pending``, reason ``NotAdmitted``, with the message of the Workload's
-  ``QuotaReserved`` (or ``Admitted``) condition;
+  ``QuotaReserved`` (or ``Admitted``) condition; once Kueue removed every gate, ``Placed=True`` (``Admitted``);
 - pods evicted by Kueue: ``Pending``, reason ``Preempted``, with Kueue's message; the next attempt is placed
   (a new pod group, which Kueue gates again until it has quota again). ``status.restarts`` is unchanged: a
-  preemption is not a failure of the job, and never counts against ``spec.backoffLimit``.
+  preemption is not a failure of the job, and never counts against ``spec.backoffLimit``. The condition
+  ``Preempted`` (``True``, Kueue's message) stays until Kueue admits a later attempt (then ``False``).
 
 The reconciler reads the Workload only for such a job (:func:`wants_workload`), and the runtime reconciles
 a job waiting for Kueue's admission every :data:`POLL_SECONDS` (:func:`poll_due`): the Workload's message can
@@ -44,6 +45,7 @@ WORKLOAD_VERSIONS = ("v1beta2", "v1beta1")
 POLL_SECONDS = 10.0
 #: The job's status reasons set here.
 NOT_ADMITTED = "NotAdmitted"
+ADMITTED = "Admitted"
 PREEMPTED = "Preempted"
 
 
@@ -143,6 +145,9 @@ def kueue_transition(
     gated = kueue_gated(current.values())
     if placement.ungated and not missing and gated:
         return not_admitted(seen, gated, stale)
+    placed = status.condition("Placed")
+    if placement.ungated and not missing and placed is not None and placed.reason == NOT_ADMITTED:
+        return admitted(seen, stale)
     return None
 
 
@@ -160,7 +165,11 @@ def preempted(seen: Observed, message: str, current: tuple[str, ...], stale: tup
         phase="Pending",
         reason=PREEMPTED,
         message=text,
-        conditions=[condition("Placed", False, PREEMPTED, text, gen, now)],
+        conditions=[
+            condition("Placed", False, PREEMPTED, text, gen, now),
+            # Kept while the next attempt is placed and waits: the phase's reason moves on, this stays.
+            condition(PREEMPTED, True, "WorkloadEvicted", text, gen, now),
+        ],
         changes=StatusChange(attempt=old.attempt + 1).unplaced(),
     )
     live = tuple(
@@ -191,6 +200,30 @@ def not_admitted(seen: Observed, gated: Sequence[str], stale: tuple[str, ...]) -
     )
     event = on_change(old, new, Event("Normal", NOT_ADMITTED, text))
     return Transition(status=new, event=event, delete=stale)
+
+
+def admitted(seen: Observed, stale: tuple[str, ...]) -> Transition:
+    """Kueue removed its gate from every pod of a job it held: ``Placed=True`` (``Admitted``), ``Starting``
+    until the pods run (the next pass follows them as any other job's)."""
+    old, gen, now = seen.status, seen.generation, seen.stamp
+    text = f"Kueue admitted pod group {group_of(seen) or '?'}: the scheduler places its pods"
+    new = advance(
+        old,
+        generation=gen,
+        now=now,
+        phase="Starting",
+        reason=ADMITTED,
+        message=text,
+        conditions=[
+            condition("Placed", True, ADMITTED, text, gen, now),
+            *(
+                [condition(PREEMPTED, False, ADMITTED, f"attempt {old.attempt} admitted", gen, now)]
+                if (before := old.condition(PREEMPTED)) is not None and before.status == "True"
+                else []
+            ),
+        ],
+    )
+    return Transition(status=new, event=on_change(old, new, Event("Normal", ADMITTED, text)), delete=stale)
 
 
 def poll_due(job: Mapping[str, Any], now: float) -> float | None:
