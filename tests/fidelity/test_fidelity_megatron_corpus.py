@@ -347,3 +347,22 @@ def test_every_accepted_megatron_plan_passes_verl(
 def test_docs_show_the_megatron_tables(megatron_corpus: dict[str, dict[str, Judged]]) -> None:
     text = megatron_tables(megatron_corpus)
     assert text in DOC.read_text(), f"docs/fidelity.md does not hold the Megatron tables:\n{text}"
+
+
+def test_stored_rows_are_megatron_launches_of_verls_own_config() -> None:
+    """Every stored row passes the extractor's own filter and names verl's own Megatron config and a ref."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "corpus"))
+    from extract import OWN_CONFIG_PATHS, megatron_exclusion
+
+    document = json.loads(DATA.read_text())
+    refs = {commit for _, commit in document["refs"]}
+    rows = document["rows"]
+    assert len(rows) >= 40
+    for row in rows:
+        assert megatron_exclusion(row) is None, row["id"]
+        assert row["config_name"].removesuffix(".yaml") == "ppo_megatron_trainer", row["id"]
+        assert row["config_path"] in (None, *OWN_CONFIG_PATHS), row["id"]
+        assert row["source"]["commit"] in refs and row["source"]["line"] > 0, row["id"]
+    assert {r["source"]["ref"] for r in rows} == {"v0.6.1", "b178a3cd56f58b2d502255daba591e92833930a7"}
