@@ -79,3 +79,35 @@ def test_kv_heads_may_divide_tp_on_0_9(version: str, tp: int, refused: bool) -> 
         p, Mesh.of(p, make_settings(training_engine="megatron", megatron_tp=tp))
     )
     assert bool(found) is refused, [v.message for v in found]
+
+
+@pytest.mark.parametrize(
+    ("pp", "pins", "refused"),
+    [
+        # Qwen2.5-7B's 28 layers; PP 4 divides them, but a pinned last stage of 6 leaves 22 for 3 stages
+        pytest.param(4, {"last_stage_layers": 6}, True, id="pp-divides-layers-pins-do-not"),
+        pytest.param(4, {"last_stage_layers": 7}, False, id="pins-split-evenly"),
+        pytest.param(
+            3, {"first_stage_layers": 8, "last_stage_layers": 8}, False, id="pp3-pins-12-in-the-middle"
+        ),
+        # 28 + embedding + loss = 30: PP 4 does not split it, PP 5 and 6 do
+        pytest.param(
+            4, {"account_for_embedding": True, "account_for_loss": True}, True, id="accounted-30-over-4"
+        ),
+        pytest.param(
+            5, {"account_for_embedding": True, "account_for_loss": True}, False, id="accounted-30-over-5"
+        ),
+        pytest.param(4, {}, False, id="even-split"),
+    ],
+)
+def test_pinned_pipeline_split_decides(pp: int, pins: dict[str, Any], refused: bool) -> None:
+    from verl_operator.planner.megatron_memory import MegatronOptions
+
+    p = make_problem(training_engine="megatron", megatron_options=MegatronOptions(**pins))
+    mesh = Mesh.of(p, make_settings(training_engine="megatron", megatron_pp=pp))
+    found = rules_megatron.layers_divisible(p, mesh)
+    assert bool(found) is refused, found
+    if refused:
+        assert found[0].rule == "megatron-layers-divisible"
+        assert found[0].field == "spec.parallelism.megatron.pipelineParallelSize"
+        assert "%" in found[0].message and found[0].suggestions

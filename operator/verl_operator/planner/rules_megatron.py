@@ -109,7 +109,12 @@ def layers_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
     s = mesh.settings
     stages = s.megatron_pp * (s.megatron_vpp or 1)
     layers = p.shape.layers
-    if layers % stages == 0 or (not s.megatron_vpp and megatron_memory.uneven_split(p, s.megatron_pp)):
+    options = p.megatron_options
+    if options.uneven and not s.megatron_vpp:  # the pinned split decides, even where PP divides the layers
+        if megatron_memory.uneven_split(p, s.megatron_pp):
+            return []
+        return [_uneven_violation(p, s.megatron_pp)]
+    if layers % stages == 0:
         return []
     vpp = s.megatron_vpp is not None and s.megatron_vpp > 1 and layers % s.megatron_pp == 0
     name = "megatron_vpp" if vpp else "megatron_pp"
@@ -132,6 +137,38 @@ def layers_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
             suggestions=[f"use {name.removeprefix('megatron_').upper()} {_or(near)}"],
         )
     ]
+
+
+def _uneven_violation(p: Problem, pp: int) -> Violation:
+    """The pinned first / last stage layers (or the embedding / loss accounted as layers) leave a remainder
+    that the other stages cannot share evenly (megatron-core ``TransformerConfig.__post_init__``: the
+    layers left after the pinned stages must divide by the stages left)."""
+    o, layers = p.megatron_options, p.shape.layers
+    if o.first_stage_layers is not None or o.last_stage_layers is not None:
+        inner = layers - (o.first_stage_layers or 0) - (o.last_stage_layers or 0)
+        rest = pp - (o.first_stage_layers is not None) - (o.last_stage_layers is not None)
+        arithmetic = (
+            f"{layers} layers - {o.first_stage_layers or 0} first - {o.last_stage_layers or 0} last = {inner} "
+            f"left for {rest} stages ({inner} % {max(rest, 1)} = {inner % max(rest, 1)})"
+        )
+        ok = [
+            q
+            for q in range(2, 65)
+            if megatron_memory.stage_layers(layers, q, o.first_stage_layers, o.last_stage_layers) is not None
+        ]
+    else:
+        total = layers + o.account_for_embedding + o.account_for_loss
+        arithmetic = (
+            f"{layers} layers + the accounted embedding/loss = {total}, {total} % {pp} = {total % pp}"
+        )
+        ok = [q for q in range(2, 65) if total % q == 0]
+    near = sorted({max((q for q in ok if q < pp), default=0), *[q for q in ok if q > pp][:1]} - {0})
+    return Violation(
+        field=_field(p, "megatron_pp"),
+        rule="megatron-layers-divisible",
+        message=f"the pinned pipeline split does not build on PP {pp}: {arithmetic}",
+        suggestions=[f"use PP {_or(near)}"] if near else ["change the first/last pipeline stage layers"],
+    )
 
 
 def vpp_needs_pp(p: Problem, mesh: Mesh) -> list[Violation]:
