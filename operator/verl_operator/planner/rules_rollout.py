@@ -181,8 +181,8 @@ def rollout_expert_parallel(p: Problem, mesh: Mesh) -> list[Violation]:
                 f"data_parallel_size {dp} = {mesh.rollout_tp * dp}"
             ),
             suggestions=[
-                f"use tensorParallelSize {ep // dp}" if ep % dp == 0 else f"use tensorParallelSize {ep}"
-            ]
-            + ["or drop expert_parallel_size"],
+                f"use tensorParallelSize {ep // dp}" if ep % dp == 0 else f"use tensorParallelSize {ep}",
+                "or drop expert_parallel_size",
+            ],
         )
     ]
