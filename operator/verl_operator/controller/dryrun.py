@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 from verl_operator.api.spec import VerlJobSpec
@@ -64,35 +65,53 @@ def dry_run_pod(
     )
 
 
-def dry_run_problems(api: Any, children: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list[str]:
-    """Empty when the API server would create every child; else one problem line per refused child. An API
-    error that is not a refusal (the API server busy, a name already taken) does not deny the job: creation
-    will report it."""
+def dry_run_problems(
+    api: Any,
+    children: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    calls: Executor | None = None,
+) -> list[str]:
+    """Empty when the API server would create every child; else one problem line per refused child (the
+    first refused pod only: the worker pod would repeat the head pod's refusal). An API error that is not a
+    refusal (the API server busy, a name already taken) does not deny the job: creation will report it.
+
+    With ``calls`` the children are dry-run at once on it (each is its own API request; the review waits for
+    the slowest one, not for their sum); the problems are the same and in the same order."""
     from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
 
     core = client.CoreV1Api(api)
+    items = [children] if isinstance(children, Mapping) else list(children)
+    if calls is None or len(items) < 2:
+        refused = [_dry_run_one(core, child) for child in items]
+    else:
+        futures = [calls.submit(_dry_run_one, core, child) for child in items]
+        refused = [f.result() for f in futures]
     out: list[str] = []
-    for child in [children] if isinstance(children, Mapping) else children:
-        body: Any = dict(child)
-        meta = child["metadata"]
-        try:
-            drained(
-                getattr(core, CREATE[str(child["kind"])])(
-                    meta["namespace"], body, dry_run="All", _preload_content=False
-                )
-            )
-        except ApiException as exc:
-            refused = refusal(exc, child)
-            if refused is None or not refused.denies_admission:  # busy, or a quota others use now
-                LOG.warning("dry run of %s %s failed: %s", child["kind"], meta["name"], exc)
-                continue
-            what = (
-                "the job's Ray pods"
-                if child["kind"] == "Pod"
-                else f"the job's {child['kind']} {meta['name']}"
-            )
-            out.append(f"spec: the API server refuses {what}: {refused.api_message}")
-            if child["kind"] == "Pod":
-                break  # the worker pod would repeat the head pod's refusal
+    for child, problem in zip(items, refused, strict=True):
+        if problem is None:
+            continue
+        out.append(problem)
+        if child["kind"] == "Pod":
+            break
     return out
+
+
+def _dry_run_one(core: Any, child: Mapping[str, Any]) -> str | None:
+    """The problem line of one child's dry run, or None when the API server would create it (or answered
+    with an error that is not a refusal, logged)."""
+    from kubernetes.client.exceptions import ApiException
+
+    meta = child["metadata"]
+    try:
+        drained(
+            getattr(core, CREATE[str(child["kind"])])(
+                meta["namespace"], dict(child), dry_run="All", _preload_content=False
+            )
+        )
+    except ApiException as exc:
+        refused = refusal(exc, child)
+        if refused is None or not refused.denies_admission:  # busy, or a quota others use now
+            LOG.warning("dry run of %s %s failed: %s", child["kind"], meta["name"], exc)
+            return None
+        what = "the job's Ray pods" if child["kind"] == "Pod" else f"the job's {child['kind']} {meta['name']}"
+        return f"spec: the API server refuses {what}: {refused.api_message}"
+    return None

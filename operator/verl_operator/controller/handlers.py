@@ -50,7 +50,9 @@ _LOOP: list[asyncio.Task[None]] = []  # the reconcile loop while this replica le
 _ELECTOR: list[LeaderElector] = []
 _API: list[client.ApiClient] = []  # the operator's API client, for the webhook's SubjectAccessReviews
 _POLICY = PolicySource()
-_CALLS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="admission")  # the permission checks
+#: The permission checks, the dry runs and the quota check of the reviews in flight (up to about six requests
+#: per review, none of which submits another).
+_CALLS = ThreadPoolExecutor(max_workers=16, thread_name_prefix="admission")
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -185,13 +187,19 @@ def validate_job(
         dry_run: list[str] = []
         if checked.spec is not None and _queue_changed(checked.spec.scheduling.queue_name, old_spec):
             dry_run = kueue_problems(_API[0], checked.spec.scheduling.queue_name)
+        # The children's dry runs and the job-wide GPU quota check are independent requests too: all made at
+        # once; the quota's verdict counts only when every child would be created (as if made after them).
+        quota: Future[list[str]] | None = None
+        if not dry_run and changed and checked.plan is not None and int(checked.plan.get("nnodes") or 1) > 1:
+            quota = _CALLS.submit(gpu_quota_problems, _API[0], ns, int(checked.plan.get("worldSize") or 0))
         if not dry_run and checked.spec is not None and checked.plan is not None:
             children = dry_run_children(
                 name or "dry-run", ns, checked.spec, checked.plan, current().launcher_image
             )
-            dry_run = dry_run_problems(_API[0], children)
-        if not dry_run and changed and checked.plan is not None and int(checked.plan.get("nnodes") or 1) > 1:
-            dry_run = gpu_quota_problems(_API[0], ns, int(checked.plan.get("worldSize") or 0))
+            dry_run = dry_run_problems(_API[0], children, _CALLS)
+        if quota is not None:
+            quota_problems = quota.result()
+            dry_run = dry_run or quota_problems
         problems = (permission.result() if permission is not None else []) or dry_run
     if problems:
         metrics.ADMISSION_DENIALS.inc()
