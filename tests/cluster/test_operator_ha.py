@@ -92,6 +92,16 @@ def holder(kube: client.ApiClient, namespace: str, lease: str) -> str:
     return str(obj.spec.holder_identity or "")
 
 
+def _delete(custom: client.CustomObjectsApi, namespace: str, *names: str) -> None:
+    """Delete the VerlJobs ``names`` (one already gone is fine)."""
+    for name in names:
+        try:
+            custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
 def review(operator: LocalOperator, namespace: str, job: dict[str, Any]) -> dict[str, Any]:
     """POST a CREATE AdmissionReview of ``job`` to the operator's webhook server; its response."""
     body = {
@@ -242,12 +252,7 @@ def test_killed_leader_the_standby_takes_over_without_duplicates_and_admission_a
         reviewer.join(timeout=10)
         leader.stop()
         standby.stop()
-        for name in ("big", "small"):
-            try:
-                custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+        _delete(custom, namespace, "big", "small")
     assert not reviewer.failures, f"the standby's webhook failed to answer: {reviewer.failures[:5]}"
     answered_after = [t for t in reviewer.answers if t > killed]
     assert len(answered_after) >= 10, "the standby's webhook answered all through the failover"
@@ -308,24 +313,11 @@ def test_a_leader_that_loses_the_lease_stops_reconciling_and_resumes_when_it_lea
         assert "verl_operator_leader 1.0" in operator.metrics()
     finally:
         operator.stop()
-        try:
-            custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "meanwhile")
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        _delete(custom, namespace, "meanwhile")
 
 
 def _gated(pod: client.V1Pod) -> bool:
     return any(g.name == GANG_GATE for g in pod.spec.scheduling_gates or [])
-
-
-def _delete(custom: client.CustomObjectsApi, namespace: str, *names: str) -> None:
-    for name in names:
-        try:
-            custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
 
 
 def test_leader_killed_mid_gang_the_standby_releases_the_same_pods(

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import re
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,13 +86,27 @@ def load_rows() -> list[dict[str, Any]]:
 
 
 def _shape(model: str) -> tuple[dict[str, Any] | None, str | None]:
+    return catalog_shape(
+        model,
+        NOT_JUDGED_MODELS,
+        SAME_SHAPE_AS,
+        "is not in the planner's catalog and the corpus records no shape for it",
+    )
+
+
+def catalog_shape(
+    model: str, not_judged: Mapping[str, str], same_shape_as: Mapping[str, str], missing: str
+) -> tuple[dict[str, Any] | None, str | None]:
+    """``(the catalog's shape of the script's model, None)``, or ``(None, why it is not judged)``: a model in
+    ``not_judged``, or not in the catalog (``missing`` follows its name); ``same_shape_as`` maps a script's
+    model name to the catalog entry with the same config numbers."""
     from verl_operator.planner import catalog
 
-    if model in NOT_JUDGED_MODELS:
-        return None, NOT_JUDGED_MODELS[model]
-    entry = catalog.lookup(SAME_SHAPE_AS.get(model, model))
+    if model in not_judged:
+        return None, not_judged[model]
+    entry = catalog.lookup(same_shape_as.get(model, model))
     if entry is None:
-        return None, f"{model} is not in the planner's catalog and the corpus records no shape for it"
+        return None, f"{model} {missing}"
     return dict(entry.shape.to_wire()), None
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from corpus_cases import DISAGREEMENTS, MEMORY_RULES, Verdict, judge, table
+from corpus_cases import DISAGREEMENTS, MEMORY_RULES, Verdict, catalog_shape, judge, table
 from plan_sample import RELEASE, make_node
 from verl_client import CheckRequest, CheckResult, VerlRunner
 
@@ -97,14 +97,7 @@ def load_rows() -> list[dict[str, Any]]:
 
 
 def _shape(model: str) -> tuple[dict[str, Any] | None, str | None]:
-    from verl_operator.planner import catalog
-
-    if model in NOT_JUDGED_MODELS:
-        return None, NOT_JUDGED_MODELS[model]
-    entry = catalog.lookup(SAME_SHAPE_AS.get(model, model))
-    if entry is None:
-        return None, f"{model} is not in the planner's catalog"
-    return dict(entry.shape.to_wire()), None
+    return catalog_shape(model, NOT_JUDGED_MODELS, SAME_SHAPE_AS, "is not in the planner's catalog")
 
 
 def _gpu(path: str) -> tuple[str, int]:

@@ -211,15 +211,7 @@ def _exclusion(row: dict[str, Any]) -> str | None:
     strategy = _last(overrides, f"{ARR}.actor.strategy")
     if strategy not in (None, "fsdp", "fsdp2"):
         return f"actor strategy {strategy}"
-    name = _last(overrides, f"{ARR}.rollout.name")
-    if name not in ENGINES:
-        return f"rollout engine {name or '(unset)'}"
-    device = _last(overrides, "trainer.device")
-    if device not in (None, "cuda"):
-        return f"trainer.device={device}"
-    if _last(overrides, f"{ARR}.model.path") is None:
-        return "no actor_rollout_ref.model.path"
-    return None
+    return _launch_exclusion(overrides, ENGINES)
 
 
 #: ``--config-path`` values that name ``main_ppo``'s own config folder: Hydra resolves a relative config path
@@ -252,8 +244,14 @@ def megatron_exclusion(row: dict[str, Any]) -> str | None:
         return f"config {name} (not ppo_megatron_trainer)"
     if strategy not in (None, "megatron"):
         return f"actor strategy {strategy}"
+    return _launch_exclusion(overrides, MEGATRON_ENGINES)
+
+
+def _launch_exclusion(overrides: list[str], engines: tuple[str, ...]) -> str | None:
+    """The reason shared by both corpora: a rollout engine outside ``engines``, a device other than CUDA or
+    no model path (or None)."""
     engine = _last(overrides, f"{ARR}.rollout.name")
-    if engine not in MEGATRON_ENGINES:
+    if engine not in engines:
         return f"rollout engine {engine or '(unset)'}"
     device = _last(overrides, "trainer.device")
     if device not in (None, "cuda"):
