@@ -119,6 +119,14 @@ class AdminPolicy(BaseModel):
         default=True,
         description="Deny a VerlJob whose author may not create pods in its namespace (SubjectAccessReview).",
     )
+    reuse_verdict_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="Seconds the webhook reuses an API check that passed (the author's pod-create permission, "
+        "the dry run of the job's children, the job-wide GPU quota check) for a review that would send the "
+        "same request but for the job's name; 0: every review asks the API server.",
+    )
 
 
 def load_policy(path: str | Path | None) -> AdminPolicy:

@@ -32,6 +32,7 @@ from verl_operator.controller.leader import (
     LeaderElector,
     default_identity,
 )
+from verl_operator.controller.proofs import PROOFS, children_key, permission_key, quota_key
 from verl_operator.controller.reconcile import JobReconciler
 from verl_operator.controller.runtime import RUNTIME
 from verl_operator.controller.webhook import (
@@ -179,31 +180,62 @@ def validate_job(
     problems, ns = checked.problems, namespace or "default"
     changed = old_spec is None or old_spec != dict(spec)
     if not problems and _API:
-        # The permission check and the dry run are two independent API calls: made at once, the review
-        # waits for the slower one only. A denied permission wins over the dry run's verdict.
-        permission: Future[list[str]] | None = None
-        if changed and policy.require_pod_create_permission and userinfo:
-            permission = _CALLS.submit(pod_permission_problems, _API[0], dict(userinfo), ns)
-        dry_run: list[str] = []
-        if checked.spec is not None and _queue_changed(checked.spec.scheduling.queue_name, old_spec):
-            dry_run = kueue_problems(_API[0], checked.spec.scheduling.queue_name)
-        # The children's dry runs and the job-wide GPU quota check are independent requests too: all made at
-        # once; the quota's verdict counts only when every child would be created (as if made after them).
-        quota: Future[list[str]] | None = None
-        if not dry_run and changed and checked.plan is not None and int(checked.plan.get("nnodes") or 1) > 1:
-            quota = _CALLS.submit(gpu_quota_problems, _API[0], ns, int(checked.plan.get("worldSize") or 0))
-        if not dry_run and checked.spec is not None and checked.plan is not None:
-            children = dry_run_children(
-                name or "dry-run", ns, checked.spec, checked.plan, current().launcher_image
-            )
-            dry_run = dry_run_problems(_API[0], children, _CALLS)
-        if quota is not None:
-            quota_problems = quota.result()
-            dry_run = dry_run or quota_problems
-        problems = (permission.result() if permission is not None else []) or dry_run
+        problems = _api_problems(checked, old_spec, changed, name or "dry-run", ns, userinfo, policy)
     if problems:
         metrics.ADMISSION_DENIALS.inc()
         raise kopf.AdmissionError("VerlJob rejected:\n" + "\n".join(f"- {p}" for p in problems), code=422)
+
+
+def _api_problems(
+    checked: Any,
+    old_spec: Mapping[str, Any] | None,
+    changed: bool,
+    name: str,
+    ns: str,
+    userinfo: Any,
+    policy: Any,
+) -> list[str]:
+    """The API server's verdicts on a job the planner accepts: the author's permission, Kueue's queue, the
+    children's dry runs and the job-wide GPU quota; a check that passed for the same request less than
+    ``policy.reuse_verdict_seconds`` ago is not asked again (``controller/proofs.py``)."""
+    window = float(policy.reuse_verdict_seconds)
+    # The permission check and the dry run are two independent API calls: made at once, the review waits for
+    # the slower one only. A denied permission wins over the dry run's verdict.
+    permission: Future[list[str]] | None = None
+    user_key = permission_key(dict(userinfo)) if userinfo else None
+    asks = changed and policy.require_pod_create_permission and user_key is not None
+    if asks and not PROOFS.proved(ns, user_key, window):
+        permission = _CALLS.submit(pod_permission_problems, _API[0], dict(userinfo), ns)
+    dry_run: list[str] = []
+    if checked.spec is not None and _queue_changed(checked.spec.scheduling.queue_name, old_spec):
+        dry_run = kueue_problems(_API[0], checked.spec.scheduling.queue_name)
+    # The children's dry runs and the job-wide GPU quota check are independent requests too: all made at
+    # once; the quota's verdict counts only when every child would be created (as if made after them).
+    quota: Future[list[str]] | None = None
+    gpus = int(checked.plan.get("worldSize") or 0) if checked.plan is not None else 0
+    multi_node = checked.plan is not None and int(checked.plan.get("nnodes") or 1) > 1
+    if not dry_run and changed and multi_node and not PROOFS.proved(ns, quota_key(gpus), window):
+        quota = _CALLS.submit(gpu_quota_problems, _API[0], ns, gpus)
+    if not dry_run and checked.spec is not None and checked.plan is not None:
+        launcher = current().launcher_image
+        key = children_key(name, checked.spec.model_dump(mode="json"), checked.plan, launcher)
+        if not PROOFS.proved(ns, key, window):
+            children = dry_run_children(name, ns, checked.spec, checked.plan, launcher)
+            dry_run = dry_run_problems(_API[0], children, _CALLS)
+            if not dry_run:
+                PROOFS.passed(ns, key, window)
+    if quota is not None:
+        quota_problems = quota.result()
+        if not quota_problems:
+            PROOFS.passed(ns, quota_key(gpus), window)
+        dry_run = dry_run or quota_problems
+    if permission is not None:
+        denied = permission.result()
+        if denied:
+            return denied
+        if user_key is not None:
+            PROOFS.passed(ns, user_key, window)
+    return dry_run
 
 
 def _queue_changed(queue_name: str | None, old_spec: Mapping[str, Any] | None) -> bool:

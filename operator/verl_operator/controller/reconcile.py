@@ -30,6 +30,7 @@ from verl_operator.controller.decide import (
 )
 from verl_operator.controller.kube import KubeAPI, MissingAPIError
 from verl_operator.controller.kueue import wants_workload
+from verl_operator.controller.proofs import PROOFS
 from verl_operator.controller.refused import ChildBlocked, ChildRefused
 from verl_operator.controller.snapshot import Reservations, Snapshot
 from verl_operator.controller.status import merge_patch
@@ -148,6 +149,8 @@ class JobReconciler:
                 return
             except ChildRefused as exc:
                 log.warning("%s/%s: %s", namespace, job["metadata"]["name"], exc)
+                if exc.denies_admission:  # a review in that window may have reused a pass: ask again
+                    PROOFS.forget(namespace)
                 # the pods this pass created before the refusal are the attempt's too: list them again
                 seen = replace(seen, pods=self.kube.job_pods(namespace, job["metadata"]["name"]))
                 if isinstance(exc, ChildBlocked):
