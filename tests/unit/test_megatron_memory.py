@@ -139,6 +139,23 @@ def test_the_hybrid_cpu_optimizer_keeps_its_share_on_the_gpu(options: MegatronOp
 def test_the_precision_aware_optimizer_keeps_the_master_weights_remainder() -> None:
     assert MegatronOptions(precision_aware_optimizer=True).optimizer_bytes == 10
     assert MegatronOptions().optimizer_bytes == 12
+    # the hybrid CPU optimizer updates fp32 copies of its GPU share, whatever the precision setting
+    hybrid = MegatronOptions(precision_aware_optimizer=True, optimizer_cpu_offload=True)
+    assert hybrid.optimizer_bytes == 12
+
+
+def test_offloading_the_hybrid_optimizer_leaves_its_fp32_masters_on_the_gpu() -> None:
+    hybrid = MegatronOptions(optimizer_cpu_offload=True, optimizer_offload_fraction=0.5)
+    m = meg(options=hybrid, optimizer_offload=True)
+    st = stage0(m)
+    on_gpu = megatron_memory.optimizer_state(m, st)  # the GPU share during the update
+    assert megatron_memory.resident_parts(m, st, param_offload=True, ref=False)["optimizer"] == pytest.approx(
+        on_gpu * 4 / 12
+    )
+    plain = meg(options=MegatronOptions(), optimizer_offload=True)
+    assert megatron_memory.resident_parts(plain, st, param_offload=True, ref=False)["optimizer"] == 0
+    kept = replace(m, optimizer_offload=False)
+    assert megatron_memory.resident_parts(kept, st, param_offload=True, ref=False)["optimizer"] == on_gpu
 
 
 def test_1f1b_keeps_pp_minus_the_stage_index_micro_batches_in_flight() -> None:

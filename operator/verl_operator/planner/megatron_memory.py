@@ -12,11 +12,12 @@ of one micro-batch per GPU, h hidden, V vocabulary, A the activation bytes per t
   stage parameter.
 - **Distributed optimizer** (verl's ``megatron.use_distributed_optimizer`` default True,
   ``trainer/config/engine/megatron.yaml`` line 35): fp32 master weights and Adam's two moments, 12 bytes per
-  parameter (10 with ``use_precision_aware_optimizer``: the master weights' 2-byte remainder), the dense ones
-  split over DP, the experts' over EDP. ``optim.override_optimizer_config``
-  ``optimizer_cpu_offload=True`` with ``optimizer_offload_fraction`` f keeps ``1 - f`` of it on the GPU (the
-  hybrid CPU optimizer of verl's large-MoE scripts); ``megatron.optimizer_offload`` moves the rest to the CPU
-  outside the update, ``param_offload`` / ``grad_offload`` the weights / gradients (verl 0.6.1
+  parameter (10 with ``use_precision_aware_optimizer``: the master weights' 2-byte remainder, unless the
+  hybrid CPU optimizer updates them: it keeps fp32 copies), the dense ones split over DP, the experts' over
+  EDP. ``optim.override_optimizer_config`` ``optimizer_cpu_offload=True`` with ``optimizer_offload_fraction``
+  f keeps ``1 - f`` of it on the GPU (the hybrid CPU optimizer of verl's large-MoE scripts);
+  ``megatron.optimizer_offload`` moves Adam's moments to the CPU outside the update (the hybrid optimizer's
+  fp32 masters stay), ``param_offload`` / ``grad_offload`` the weights / gradients (verl 0.6.1
   ``workers/megatron_workers.py``: loaded back for the update and the log-prob passes).
 - **Activations under 1F1B**: pipeline stage ``i`` (0 first) holds ``min(PP - i, micro-batches)`` micro-batches'
   activations at its peak (the first stage the most); with VPP the interleaved schedule keeps
@@ -58,6 +59,8 @@ if TYPE_CHECKING:
 WEIGHT_BYTES = 2
 GRAD_BYTES = 4
 OPTIMIZER_BYTES = 12
+#: Of which the fp32 master weights.
+MASTER_BYTES = 4
 #: Bytes per hidden unit that full recompute keeps per chunk and token: the chunk's bf16 input.
 RECOMPUTE_INPUT_BYTES = 2
 #: fp32 logits and their gradient in the update; +4 with an entropy term; log-probs and entropy forward.
@@ -110,8 +113,15 @@ class MegatronOptions:
 
     @property
     def optimizer_bytes(self) -> int:
-        """Optimizer bytes per parameter: fp32 master (or its 2-byte remainder) + Adam m and v."""
-        return OPTIMIZER_BYTES - 2 if self.precision_aware_optimizer else OPTIMIZER_BYTES
+        """Optimizer bytes per parameter: fp32 master (or its 2-byte remainder) + Adam m and v.
+
+        The remainder is TransformerEngine's FusedAdam's; the hybrid CPU optimizer keeps full fp32 copies of
+        the parameters it updates on the GPU whatever the precision setting (megatron-core 0.14.0
+        ``optimizer/cpu_offloading/hybrid_optimizer.py`` line 277, ``param_update_in_fp32=True`` from
+        ``optimizer/__init__.py`` line 334)."""
+        if self.precision_aware_optimizer and not self.optimizer_cpu_offload:
+            return OPTIMIZER_BYTES - 2
+        return OPTIMIZER_BYTES
 
     @property
     def gpu_optimizer_share(self) -> float:
@@ -351,11 +361,21 @@ def resident_parts(mm: MegatronMemory, st: Stage, param_offload: bool, ref: bool
         "actorWeights": 0.0 if param_offload else WEIGHT_BYTES * st.params,
         # verl's offload of the model frees the grad buffer too (0.6.1 ``utils/megatron_utils.py`` line 350).
         "gradients": 0.0 if o.grad_offload or param_offload else GRAD_BYTES * st.params,
-        "optimizer": 0.0 if mm.optimizer_offload else o.gpu_optimizer_share * _optimizer(mm, st),
+        "optimizer": o.gpu_optimizer_share * _optimizer(mm, st) * _resident_share(mm),
     }
     if ref and not o.ref_param_offload:
         parts["ref"] = WEIGHT_BYTES * st.params
     return parts
+
+
+def _resident_share(mm: MegatronMemory) -> float:
+    """The share of the optimizer's GPU state that stays on the GPU outside the update: all of it without
+    ``megatron.optimizer_offload``; none with it, but the hybrid CPU optimizer's fp32 master copies (verl
+    0.6.1 ``utils/megatron_utils.py`` ``offload_megatron_optimizer``, lines 471-488, moves Adam's ``exp_avg``
+    and ``exp_avg_sq`` only, and the hybrid optimizer keeps its masters outside that state's tensors)."""
+    if not mm.optimizer_offload:
+        return 1.0
+    return MASTER_BYTES / OPTIMIZER_BYTES if mm.options.optimizer_cpu_offload else 0.0
 
 
 def in_flight(mm: MegatronMemory, st: Stage) -> float:
