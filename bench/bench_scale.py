@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scale_support as S
 from verl_devtools.devcluster import DevCluster
+from verl_devtools.devcluster.health import http_get
 from verl_devtools.devcluster.kuberay import KubeRayOperator, ensure_kuberay, install_crds
 from verl_devtools.devcluster.localrun import LocalOperator, install_crd
 
@@ -196,6 +197,14 @@ class RunResult:
     rejection_ms: float | None = None
     rejection_message: str = ""
     operator_metrics: dict[str, float] = field(default_factory=dict)
+    #: The verl-operator stopped and started again with every job Running: seconds from the start to its
+    #: health endpoint, to every job reconciled once with nothing queued, and the writes to the objects the
+    #: operator owns or reports on over that time and ``RESTART_QUIET_SECONDS`` after it.
+    restart_up_s: float = math.nan
+    restart_caught_up_s: float = math.nan
+    restart_rss_mb: float = math.nan
+    restart_writes: dict[str, float] = field(default_factory=dict)
+    restart_window_s: float = math.nan
 
 
 def _keyed(counts: dict[S.RequestKey, float]) -> dict[str, float]:
@@ -240,6 +249,51 @@ def _operator_metrics(text: str) -> dict[str, float]:
     return out
 
 
+#: Seconds the restarted operator is watched after it caught up (writes it makes when nothing changed).
+RESTART_QUIET_SECONDS = 30.0
+
+
+def _restart(
+    cluster: DevCluster,
+    namespace: str,
+    jobs: int,
+    workdir: Path,
+    result: RunResult,
+    say: Callable[[str], None],
+) -> LocalOperator:
+    """Start a second verl-operator on the running jobs and measure it (``RunResult.restart_*``); the caller
+    stops the returned process."""
+    api = cluster.api_client()
+    try:
+        m0, t0 = scrape(api), time.monotonic()
+        proc = LocalOperator(cluster.kubeconfig, workdir, namespaces=(namespace,)).start(timeout=900)
+        result.restart_up_s = time.monotonic() - t0
+        deadline = t0 + 900
+        while time.monotonic() < deadline:
+            seen = _operator_metrics(proc.metrics())
+            health = S.health_probes(http_body(proc))
+            if seen.get("verl_operator_reconciles_total", 0) >= jobs and health.get("jobs") == 0:
+                break
+            time.sleep(0.5)
+        result.restart_caught_up_s = time.monotonic() - t0
+        say(
+            f"verl: restarted, up in {result.restart_up_s:.1f}s, caught up in {result.restart_caught_up_s:.1f}s"
+        )
+        time.sleep(RESTART_QUIET_SECONDS)
+        result.restart_window_s = time.monotonic() - t0
+        result.restart_writes = _keyed(S.writes(S.delta(scrape(api), m0), S.OPERATOR_KINDS))
+        result.restart_rss_mb = rss_mb(proc.proc.pid) if proc.proc is not None else math.nan
+        return proc
+    finally:
+        api.close()
+
+
+def http_body(proc: LocalOperator) -> str:
+    """The body of the operator's ``/healthz`` (kopf's probe results as JSON), or "" if it does not answer."""
+    answer = http_get(f"http://127.0.0.1:{proc.health_port}", "/healthz")
+    return answer[1].decode() if answer is not None and answer[0] == 200 else ""
+
+
 def run_one(
     cluster: DevCluster,
     operator: str,
@@ -249,8 +303,10 @@ def run_one(
     timeout: float,
     workdir: Path,
     say: Callable[[str], None],
+    restart: bool = True,
 ) -> RunResult:
-    """Run one operator with ``jobs`` jobs on the cluster; leaves the cluster as it found it."""
+    """Run one operator with ``jobs`` jobs on the cluster; leaves the cluster as it found it. With ``restart``
+    the verl-operator is stopped at the end and started again on the running jobs (``_restart``)."""
     api = cluster.api_client()
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
@@ -340,6 +396,9 @@ def run_one(
             except ApiException as exc:
                 result.rejection_ms = (time.monotonic() - begin) * 1000
                 result.rejection_message = json.loads(exc.body or "{}").get("message", "")[:300]
+            if restart:
+                proc.stop()
+                proc = _restart(cluster, namespace, jobs, workdir / "verl-restart", result, say)
     finally:
         proc.stop()
         # Collections first (one request each): the namespace controller alone deletes object by object.
@@ -426,7 +485,18 @@ def report(scenario: S.Scenario, runs: dict[str, RunResult]) -> str:
         1,
     )
     row("reconcile passes (whole run)", lambda r: r.operator_metrics.get("verl_operator_reconciles_total"), 0)
+    row("restart: start -> health endpoint s", lambda r: r.restart_up_s, 1)
+    row("restart: start -> every job reconciled, none queued s", lambda r: r.restart_caught_up_s, 1)
+    row("restart: writes to jobs, pods and their objects", lambda r: sum(r.restart_writes.values()), 0)
+    row("restart: RSS MB after catching up", lambda r: r.restart_rss_mb, 0)
     lines.append("")
+    for o in ops:
+        if runs[o].restart_writes:
+            lines.append(
+                f"{o} restart writes (verb resource: count): "
+                + ", ".join(f"{k}: {v:.0f}" for k, v in sorted(runs[o].restart_writes.items()))
+            )
+            lines.append("")
     for phase in ("create", "steady"):
         keys = sorted({k for o in ops for k in getattr(runs[o], f"{phase}_requests")})
         keys = [k for k in keys if not k.startswith("WATCH")]
@@ -516,6 +586,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plots", type=Path, default=ROOT / "docs" / "benchmarks")
     parser.add_argument("--json", type=Path, default=None, help="write every number here")
     parser.add_argument("--keep", action="store_true", help="leave the devcluster running")
+    parser.add_argument(
+        "--no-restart", action="store_true", help="skip restarting the verl-operator on the running jobs"
+    )
     args = parser.parse_args(argv)
 
     def say(message: str) -> None:
@@ -540,7 +613,15 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, RunResult] = {}
             for op in operators:
                 run = run_one(
-                    cluster, op, scenario.jobs, base, args.steady_seconds, args.timeout, Path(work), say
+                    cluster,
+                    op,
+                    scenario.jobs,
+                    base,
+                    args.steady_seconds,
+                    args.timeout,
+                    Path(work),
+                    say,
+                    restart=not args.no_restart,
                 )
                 runs[op] = run
                 say(

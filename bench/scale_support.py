@@ -5,6 +5,7 @@ Nothing here touches a cluster or a clock; ``bench/bench_scale.py`` runs it and 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -198,6 +199,36 @@ def delta(after: Mapping[RequestKey, float], before: Mapping[RequestKey, float])
 
 
 READ_VERBS = frozenset({"GET", "LIST"})
+#: Verbs that change an object.
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"})
+#: The objects a verl-operator creates or reports on (a job's status is ``verljobs/status``).
+OPERATOR_KINDS = frozenset(
+    {
+        "verljobs",
+        "verljobs/status",
+        "pods",
+        "configmaps",
+        "services",
+        "serviceaccounts",
+        "events",
+        "podgroups",
+    }
+)
+
+
+def writes(counts: Mapping[RequestKey, float], resources: Iterable[str]) -> dict[RequestKey, float]:
+    """The writes among ``counts`` to the named resources."""
+    wanted = set(resources)
+    return {(verb, res): v for (verb, res), v in counts.items() if verb in WRITE_VERBS and res in wanted}
+
+
+def health_probes(body: str) -> dict[str, Any]:
+    """kopf's probe results from a ``/healthz`` body (a JSON object; {} when it is not one)."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def reads(counts: Mapping[RequestKey, float], resources: Iterable[str]) -> float:

@@ -94,6 +94,20 @@ def test_delta_and_reads() -> None:
     assert S.reads(moved, ("nodes",)) == 0.0
 
 
+def test_writes_are_the_changes_of_the_named_objects() -> None:
+    counts = S.request_counts(METRICS)
+    assert S.writes(counts, S.OPERATOR_KINDS) == {("PATCH", "verljobs/status"): 4.0}
+    assert S.writes(counts, ("pods/binding",)) == {
+        ("POST", "pods/binding"): 7.0
+    }  # a write, not a listed kind
+    assert S.writes({("GET", "pods"): 3.0, ("DELETE", "pods"): 1.0}, ("pods",)) == {("DELETE", "pods"): 1.0}
+
+
+def test_health_probes_read_kopfs_json_and_nothing_else() -> None:
+    assert S.health_probes('{"jobs": 0, "leader": true}') == {"jobs": 0, "leader": True}
+    assert S.health_probes("") == {} and S.health_probes("[1]") == {} and S.health_probes("ok") == {}
+
+
 @pytest.mark.parametrize(
     ("values", "q", "expected"),
     [
