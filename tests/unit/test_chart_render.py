@@ -259,6 +259,9 @@ def test_cluster_wide_mode_renders_no_role_but_the_leases(helm: str) -> None:
         "pods",
         "services",
         "serviceaccounts",
+        "resourcequotas",
+        "limitranges",
+        "namespaces",
         "configmaps",
         "events",
         "workloads",
@@ -478,8 +481,9 @@ def test_rbac_grants_exactly_what_the_operator_documents(helm: str) -> None:
     assert ("", "pods", "create") in always
     cluster_wide, namespaced = granted(render(helm)), granted(render(helm, "watchNamespaces={a}"))
     assert cluster_wide | namespaced == always
-    # Namespaces are read only when kopf follows given namespaces.
-    assert {t for t in always if t[1] == "namespaces"} == namespaced - cluster_wide
+    # Both modes grant the same reads (namespaces, quotas and limit ranges too: the webhook's proofs).
+    assert namespaced == cluster_wide
+    assert {("", r, "watch") for r in ("namespaces", "resourcequotas", "limitranges")} <= cluster_wide
     # Volcano PodGroups only on request; the webhook configuration never (the chart manages it).
     assert granted(render(helm, "rbac.volcano=true")) == cluster_wide | conditional["podgroups"]
     assert "validatingwebhookconfigurations" in conditional

@@ -5,6 +5,7 @@ SubjectAccessReviews and dry runs as the API server does (a pod whose image hold
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socketserver
 import threading
@@ -188,3 +189,16 @@ def test_refusals_are_never_reused(server: _Server) -> None:
         # run-3: the permission and the children (the quota check passed for run-1); run-4: the children
         # passed in run-3, the denied permission is asked again
         assert sent == (6 if name == "run-3" else 1)
+
+
+def test_a_quota_limit_range_or_namespace_change_asks_again(server: _Server) -> None:
+    assert _review(server, "run-1", SPEC, "alice", 30) == ([], 7)
+    for event in (
+        handlers.namespace_limits_event(namespace="team"),  # a ResourceQuota or LimitRange event
+        handlers.namespace_event(name="team"),  # the Namespace's own (its Pod Security labels)
+        handlers.priority_class_event(type="DELETED", name="gone"),  # any namespace's pods may name it
+    ):
+        asyncio.run(event)
+        assert _review(server, "run-2", SPEC, "alice", 30) == ([], 7)
+    asyncio.run(handlers.namespace_limits_event(namespace="elsewhere"))
+    assert _review(server, "run-3", SPEC, "alice", 30) == ([], 0)

@@ -94,6 +94,7 @@ namespace). They match the table "RBAC verbs the operator uses" in docs/operator
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "configmaps") "verbs" (list "get" "list" "watch" "create" "patch" "delete")) }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "services") "verbs" (list "get" "list" "watch" "create" "delete")) }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "serviceaccounts") "verbs" (list "get" "create")) }}
+{{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "resourcequotas" "limitranges") "verbs" (list "get" "list" "watch")) }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "" "events.k8s.io") "resources" (list "events") "verbs" (list "create" "patch")) }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "kueue.x-k8s.io") "resources" (list "workloads") "verbs" (list "get")) }}
 {{- if .Values.rbac.volcano }}
@@ -103,16 +104,14 @@ namespace). They match the table "RBAC verbs the operator uses" in docs/operator
 
 {{/*
 The rules of cluster-scoped resources: always a ClusterRole. Nodes feed the placement index; kopf discovers the
-VerlJob resource from its CRD. Watching given namespaces (not cluster-wide), kopf lists and watches namespaces
-to follow them (without the grant it retries for a while, then assumes they exist).
+VerlJob resource from its CRD. Namespaces: a change of one (its Pod Security labels) makes the webhook check
+its next job afresh, and watching given namespaces kopf follows them.
 */}}
 {{- define "verl-operator.clusterRules" -}}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "nodes") "verbs" (list "get" "list" "watch")) }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "apiextensions.k8s.io") "resources" (list "customresourcedefinitions") "verbs" (list "get" "list" "watch")) }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "scheduling.k8s.io") "resources" (list "priorityclasses") "verbs" (list "get" "list" "watch")) }}
-{{- if .Values.watchNamespaces }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "") "resources" (list "namespaces") "verbs" (list "get" "list" "watch")) }}
-{{- end }}
 {{- if and .Values.webhook.enabled .Values.policy.requirePodCreatePermission }}
 {{- include "verl-operator.rule" (dict "root" . "groups" (list "authorization.k8s.io") "resources" (list "subjectaccessreviews") "verbs" (list "create")) }}
 {{- end }}

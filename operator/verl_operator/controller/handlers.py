@@ -121,8 +121,24 @@ async def priority_classes(name: str, body: kopf.Body, **_: Any) -> dict[str, bo
 async def priority_class_event(type: str | None, name: str, **_: Any) -> None:
     """A deleted PriorityClass leaves the cache."""
     RUNTIME.mark_ready()
-    if type == "DELETED" and RUNTIME.cache.drop_priority_class(name):
-        RUNTIME.capacity_changed()
+    if type == "DELETED":
+        PROOFS.clear()  # a dry run that named it passed; a pod that names it is refused now
+        if RUNTIME.cache.drop_priority_class(name):
+            RUNTIME.capacity_changed()
+
+
+@kopf.on.event("v1", "resourcequotas")
+@kopf.on.event("v1", "limitranges")  # type: ignore[arg-type]
+async def namespace_limits_event(namespace: str, **_: Any) -> None:
+    """A ResourceQuota or LimitRange was created, changed or deleted: the namespace's passed admission checks
+    are asked again (``controller/proofs.py``)."""
+    PROOFS.forget(namespace)
+
+
+@kopf.on.event("v1", "namespaces")
+async def namespace_event(name: str, **_: Any) -> None:
+    """A Namespace changed (its Pod Security labels among others): its passed admission checks are asked again."""
+    PROOFS.forget(name)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]

@@ -12,7 +12,10 @@ round trips for the same answers.
 once) for ``seconds``, at most ``size`` of them (the oldest go first). The window is the price: a namespace
 made stricter within it admits a job that a fresh check would deny; creating its children then refuses them
 and the job reports it (``controller/refused.py``), and :meth:`forget` drops the namespace's proofs so the next
-review asks again. The administrator sets the window with the admission policy's ``reuseVerdictSeconds``
+review asks again. The operator also forgets a namespace's proofs when it sees one of its ResourceQuotas or
+LimitRanges change, or the namespace itself (its Pod Security labels), and every proof when a PriorityClass
+is deleted (``controller/handlers.py``): a change the watches deliver before the next review is never reused
+over. The administrator sets the window with the admission policy's ``reuseVerdictSeconds``
 (0: every review asks).
 """
 
@@ -69,6 +72,11 @@ class Proofs:
         with self._lock:
             for key in [k for k in self._passed if k[0] == namespace]:
                 del self._passed[key]
+
+    def clear(self) -> None:
+        """Drop every proof (a change that may refuse children in any namespace)."""
+        with self._lock:
+            self._passed.clear()
 
     def __len__(self) -> int:
         with self._lock:
