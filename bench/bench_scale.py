@@ -28,6 +28,9 @@ import itertools
 import json
 import math
 import os
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -205,6 +208,10 @@ class RunResult:
     restart_rss_mb: float = math.nan
     restart_writes: dict[str, float] = field(default_factory=dict)
     restart_window_s: float = math.nan
+    #: py-spy's samples of the verl-operator holding the GIL from its first create to its last pod Running,
+    #: and the functions most often on those stacks (``--profile``).
+    profile_samples: int = 0
+    profile: list[S.ProfileEntry] = field(default_factory=list)
 
 
 def _keyed(counts: dict[S.RequestKey, float]) -> dict[str, float]:
@@ -288,6 +295,39 @@ def _restart(
         api.close()
 
 
+class Profiler:
+    """``py-spy record`` of one process, stopped on exit (SIGINT: py-spy then writes its output)."""
+
+    def __init__(self, pid: int, out: Path | None) -> None:
+        self.pid, self.out = pid, out
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Profiler:
+        spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+        if self.out is not None and spy is not None:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            argv = [spy, "record", "--pid", str(self.pid), "--format", "raw", "--output", str(self.out)]
+            argv += ["--rate", "50", "--gil", "--nolineno", "--nonblocking"]
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop sampling and let py-spy write its output (again: nothing)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=60)
+
+    def top(self, n: int = 15) -> tuple[int, list[S.ProfileEntry]]:
+        """The samples and top entries written (nothing without py-spy or an output)."""
+        if self.proc is None or self.out is None or not self.out.exists():
+            return 0, []
+        return S.profile_top(self.out.read_text(), n)
+
+
 def http_body(proc: LocalOperator) -> str:
     """The body of the operator's ``/healthz`` (kopf's probe results as JSON), or "" if it does not answer."""
     answer = http_get(f"http://127.0.0.1:{proc.health_port}", "/healthz")
@@ -304,9 +344,11 @@ def run_one(
     workdir: Path,
     say: Callable[[str], None],
     restart: bool = True,
+    profile: Path | None = None,
 ) -> RunResult:
     """Run one operator with ``jobs`` jobs on the cluster; leaves the cluster as it found it. With ``restart``
-    the verl-operator is stopped at the end and started again on the running jobs (``_restart``)."""
+    the verl-operator is stopped at the end and started again on the running jobs (``_restart``); with
+    ``profile`` (a folder) py-spy samples the verl-operator during the creation (``Profiler``)."""
     api = cluster.api_client()
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
@@ -339,7 +381,8 @@ def run_one(
     pid = proc.proc.pid
     try:
         time.sleep(5)  # let the informers finish their initial lists
-        with Sampler(pid) as sampler, PodWatch(api, namespace, label) as pods:
+        spy = Profiler(pid, profile / f"{operator}-create.txt" if profile and operator == "verl" else None)
+        with Sampler(pid) as sampler, PodWatch(api, namespace, label) as pods, spy:
             m0, c0, t0 = scrape(api), cpu_seconds(pid), time.monotonic()
             started: list[float] = []
             for i in range(jobs):
@@ -359,6 +402,8 @@ def run_one(
                             done[i] = at
                 time.sleep(0.2)
             t1 = time.monotonic()
+            spy.stop()
+            result.profile_samples, result.profile = spy.top()
             result.running_s = [done[i] - started[i] for i in sorted(done)]
             result.not_running = jobs - len(done)
             result.batch_s = (max(done.values()) - t0) if done else math.nan
@@ -497,6 +542,18 @@ def report(scenario: S.Scenario, runs: dict[str, RunResult]) -> str:
                 + ", ".join(f"{k}: {v:.0f}" for k, v in sorted(runs[o].restart_writes.items()))
             )
             lines.append("")
+    for o in ops:
+        if runs[o].profile:
+            lines.append(
+                f"{o}: py-spy, {runs[o].profile_samples} samples holding the GIL from the first create to the "
+                "last pod Running (50 per second):"
+            )
+            lines.append("")
+            lines.append("| function (file) | on the stack | on top |")
+            lines.append("|---|---|---|")
+            for e in runs[o].profile:
+                lines.append(f"| `{e.function}` | {e.inclusive:.1%} | {e.own:.1%} |")
+            lines.append("")
     for phase in ("create", "steady"):
         keys = sorted({k for o in ops for k in getattr(runs[o], f"{phase}_requests")})
         keys = [k for k in keys if not k.startswith("WATCH")]
@@ -587,6 +644,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write every number here")
     parser.add_argument("--keep", action="store_true", help="leave the devcluster running")
     parser.add_argument(
+        "--profile", type=Path, default=None, help="sample the verl-operator with py-spy, raw output here"
+    )
+    parser.add_argument(
         "--no-restart", action="store_true", help="skip restarting the verl-operator on the running jobs"
     )
     args = parser.parse_args(argv)
@@ -622,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
                     Path(work),
                     say,
                     restart=not args.no_restart,
+                    profile=args.profile,
                 )
                 runs[op] = run
                 say(

@@ -231,6 +231,61 @@ def health_probes(body: str) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
+#: A frame of py-spy's raw (collapsed) output: ``function (file:line)``; the line is dropped.
+_FRAME = re.compile(r"^(?P<name>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
+
+
+@dataclass(frozen=True)
+class ProfileEntry:
+    """One function of a sampled profile: the share of samples it was on the stack / on top of it."""
+
+    function: str
+    inclusive: float
+    own: float
+
+
+#: Frames on nearly every stack that say nothing of where the time goes: thread and event-loop plumbing.
+PLUMBING = ("threading.py", "concurrent/futures/thread.py", "asyncio/", "runpy.py")
+
+
+def profile_top(raw: str, top: int = 12, strip: str = "site-packages/") -> tuple[int, list[ProfileEntry]]:
+    """The total samples and the ``top`` functions by inclusive share of ``py-spy record --format raw``.
+
+    Each line is ``frame;frame;...;frame count`` (outermost first; the first frame names the thread); a
+    function counts once per stack however often it recurses. File paths keep what follows ``strip``; module
+    bodies and the frames of ``PLUMBING`` files are left out of the ranking (not of the total).
+
+    Example: ``"t;a (x.py:1);b (y.py:2) 3\nt;a (x.py:1) 1"`` -> 4 samples, ``a (x.py)`` 100% inclusive,
+    25% own, ``b (y.py)`` 75% and 75%.
+    """
+    inclusive: dict[str, int] = {}
+    own: dict[str, int] = {}
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count_text = line.rstrip().rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        names = []
+        for frame in stack.split(";")[1:]:
+            m = _FRAME.match(frame)
+            if m is None:
+                continue
+            path = m["file"]
+            path = path.split(strip, 1)[1] if strip and strip in path else path
+            if m["name"] == "<module>" or any(part in path for part in PLUMBING):
+                continue
+            names.append(f"{m['name']} ({path})")
+        for name in set(names):
+            inclusive[name] = inclusive.get(name, 0) + count
+        if names:
+            own[names[-1]] = own.get(names[-1], 0) + count
+    ranked = sorted(inclusive, key=lambda n: (-inclusive[n], n))[:top]
+    entries = [ProfileEntry(n, inclusive[n] / total, own.get(n, 0) / total) for n in ranked] if total else []
+    return total, entries
+
+
 def reads(counts: Mapping[RequestKey, float], resources: Iterable[str]) -> float:
     """GET and LIST requests (not WATCH) of the named resources."""
     wanted = set(resources)

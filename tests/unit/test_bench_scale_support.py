@@ -141,3 +141,22 @@ def test_histogram_quantile_interpolates_inside_the_bucket() -> None:
     assert S.histogram_quantile(buckets, 0.5) == pytest.approx(0.00125)
     assert S.histogram_quantile(buckets, 0.2) == pytest.approx(0.0006)
     assert math.isnan(S.histogram_quantile({}, 0.5))
+
+
+def test_a_py_spy_profile_ranks_functions_once_per_stack() -> None:
+    raw = "\n".join(
+        [
+            "MainThread;run (/v/lib/site-packages/kopf/a.py:10);plan (/src/planner.py:5);plan (/src/planner.py:9) 6",
+            "MainThread;run (/v/lib/site-packages/kopf/a.py:12) 2",
+            "garbage line",
+            "Thread-2;_bootstrap (threading.py:1002);dumps (json/encoder.py:200) 2",
+        ]
+    )
+    total, top = S.profile_top(raw)
+    assert total == 10
+    assert [(e.function, e.inclusive, e.own) for e in top] == [
+        ("run (kopf/a.py)", 0.8, 0.2),
+        ("plan (/src/planner.py)", 0.6, 0.6),  # recursion counts once
+        ("dumps (json/encoder.py)", 0.2, 0.2),
+    ]  # no thread plumbing
+    assert S.profile_top("", 3) == (0, [])
