@@ -5,7 +5,6 @@ Nothing here touches a cluster or a clock; ``bench/bench_scale.py`` runs it and 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -222,15 +221,6 @@ def writes(counts: Mapping[RequestKey, float], resources: Iterable[str]) -> dict
     return {(verb, res): v for (verb, res), v in counts.items() if verb in WRITE_VERBS and res in wanted}
 
 
-def health_probes(body: str) -> dict[str, Any]:
-    """kopf's probe results from a ``/healthz`` body (a JSON object; {} when it is not one)."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
 #: A frame of py-spy's raw (collapsed) output: ``function (file:line)``; the line is dropped.
 _FRAME = re.compile(r"^(?P<name>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
@@ -245,7 +235,7 @@ class ProfileEntry:
 
 
 #: Frames on nearly every stack that say nothing of where the time goes: thread and event-loop plumbing.
-PLUMBING = ("threading.py", "concurrent/futures/thread.py", "asyncio/", "runpy.py")
+PLUMBING = ("threading.py", "concurrent/futures/thread.py", "asyncio/", "runpy")
 
 
 def profile_top(raw: str, top: int = 12, strip: str = "site-packages/") -> tuple[int, list[ProfileEntry]]:

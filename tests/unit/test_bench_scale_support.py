@@ -103,11 +103,6 @@ def test_writes_are_the_changes_of_the_named_objects() -> None:
     assert S.writes({("GET", "pods"): 3.0, ("DELETE", "pods"): 1.0}, ("pods",)) == {("DELETE", "pods"): 1.0}
 
 
-def test_health_probes_read_kopfs_json_and_nothing_else() -> None:
-    assert S.health_probes('{"jobs": 0, "leader": true}') == {"jobs": 0, "leader": True}
-    assert S.health_probes("") == {} and S.health_probes("[1]") == {} and S.health_probes("ok") == {}
-
-
 @pytest.mark.parametrize(
     ("values", "q", "expected"),
     [

@@ -436,3 +436,32 @@ def test_blocked_jobs_wait_for_their_retry_not_for_capacity_and_can_be_retried_a
     assert runtime.pending == {("ns", "blocked")}
     assert cache.take_retry("ns", "blocked") is True and cache.take_retry("ns", "blocked") is False
     assert cache.take_retry("ns", "waiting") is False
+
+
+def test_the_queue_depth_metric_counts_queued_and_running_jobs() -> None:
+    from prometheus_client import generate_latest
+
+    from verl_operator.controller.runtime import RUNTIME
+
+    def scraped() -> float:
+        line = next(
+            x for x in generate_latest().decode().splitlines() if x.startswith("verl_operator_queue_depth ")
+        )
+        return float(line.split()[1])
+
+    saved = set(RUNTIME.pending), set(RUNTIME.running)
+    try:
+        RUNTIME.pending.clear()
+        RUNTIME.running.clear()
+        assert scraped() == 0
+        RUNTIME.enqueue(("ns", "a"))
+        RUNTIME.enqueue(("ns", "a"))  # queued once
+        RUNTIME.running.add(("ns", "b"))
+        assert scraped() == 2
+        Runtime().enqueue(("ns", "c"))  # another runtime (a test's) is not the operator's
+        assert scraped() == 2
+    finally:
+        RUNTIME.pending.clear()
+        RUNTIME.running.clear()
+        RUNTIME.pending.update(saved[0])
+        RUNTIME.running.update(saved[1])

@@ -123,6 +123,7 @@ def test_a_review_is_answered_while_the_operators_event_loop_is_busy(tmp_path: P
     served = Served(tmp_path, {"verljob": lambda r: admission_response(r, deny)})
     answers: list[tuple[int, Any]] = []
     answered = threading.Event()
+    before = _served_count()
 
     async def body() -> None:
         gen = served.server(served.fn)
@@ -141,6 +142,13 @@ def test_a_review_is_answered_while_the_operators_event_loop_is_busy(tmp_path: P
     assert answers and answers[0][0] == 200
     assert answers[0][1]["response"]["allowed"] is False
     assert answers[0][1]["response"]["status"]["code"] == 422
+    assert _served_count() == before + 1  # the server's request histogram counted it
+
+
+def _served_count() -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("verl_operator_webhook_request_seconds_count") or 0.0
 
 
 def test_other_webhook_ids_go_to_kopf_in_its_loop(tmp_path: Path) -> None:

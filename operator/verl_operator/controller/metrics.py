@@ -21,11 +21,21 @@ PLAN_AND_PLACE_SECONDS = Histogram(
 )
 RECONCILE_ERRORS = Counter("verl_operator_reconcile_errors_total", "Reconcile passes that raised an error.")
 RECONCILES = Counter("verl_operator_reconciles_total", "Reconcile passes run.")
+QUEUE_DEPTH = Gauge(
+    "verl_operator_queue_depth",
+    "VerlJobs queued for a reconcile or being reconciled (0: the operator has caught up with every change).",
+)
 ADMISSION_SECONDS = Histogram(
     "verl_operator_admission_seconds",
     "Time the validating webhook takes to answer one AdmissionReview (the checks, the permission check and "
     "the dry run of the pods; not the API server's own part of the create).",
     buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5),
+)
+WEBHOOK_REQUEST_SECONDS = Histogram(
+    "verl_operator_webhook_request_seconds",
+    "Time the webhook's HTTP server spends on one AdmissionReview request of this operator's webhooks: the "
+    "body read and parsed, the wait for a review thread, the answer and its encoding (not TLS).",
+    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5),
 )
 ADMISSION_DENIALS = Counter(
     "verl_operator_admission_denials_total", "VerlJobs denied by the validating webhook."

@@ -49,6 +49,10 @@ class Runtime:
         self.phases_dirty = True
         self._previous: ThreadPoolExecutor | None = None  # the workers of the last run, until they finish
 
+    def depth(self) -> int:
+        """Jobs queued or being reconciled (read when ``/metrics`` is scraped)."""
+        return len(self.pending) + len(self.running)
+
     def mark_ready(self) -> None:
         """Called by every handler: kopf runs handlers only after the initial listing filled the cache."""
         if not self._is_ready:
@@ -194,3 +198,4 @@ class Runtime:
 
 
 RUNTIME = Runtime()
+metrics.QUEUE_DEPTH.set_function(RUNTIME.depth)

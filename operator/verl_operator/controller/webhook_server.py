@@ -28,6 +28,7 @@ import logging
 import re
 import ssl
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +36,8 @@ from typing import Any
 
 import aiohttp.web
 import kopf
+
+from verl_operator.controller import metrics
 
 log = logging.getLogger("verl_operator.webhook")
 
@@ -165,6 +168,13 @@ class WebhookServer(kopf.WebhookServer):
         reviews = self.reviews
 
         async def serve(request: aiohttp.web.Request) -> aiohttp.web.Response:
+            started = time.perf_counter()
+            try:
+                return await answer(request)
+            finally:
+                metrics.WEBHOOK_REQUEST_SECONDS.observe(time.perf_counter() - started)
+
+        async def answer(request: aiohttp.web.Request) -> aiohttp.web.Response:
             try:
                 text = (await request.read()).decode("utf-8")
             except UnicodeDecodeError as exc:
