@@ -82,6 +82,14 @@ def test_children_keys_differ_where_the_children_can_differ_but_in_the_name() ->
     assert children_key("team-run-1", other, plan, None) != key
     assert children_key("team-run-1", SPEC, {**plan, "nnodes": 1}, None) != key
     assert children_key("team-run-1", SPEC, plan, "operator:1") != key
+    # the nodes a review saw do not make another key; the pool's product does
+    pooled = {**plan, "nodePool": {"gpuProduct": "H100", "eligibleNodes": 10, "excludedCount": 0}}
+    seen = {**pooled, "candidateNodeCount": 10, "candidateNodesSample": ["n1"], "nodes": ["n1", "n2"]}
+    later = {**pooled, "nodePool": {**pooled["nodePool"], "eligibleNodes": 12, "excludedCount": 3}}
+    later |= {"candidateNodeCount": 12, "candidateNodesSample": ["n0"], "nodes": ["n0", "n3"]}
+    assert children_key("team-run-1", SPEC, seen, None) == children_key("team-run-1", SPEC, later, None)
+    h200 = {**pooled, "nodePool": {**pooled["nodePool"], "gpuProduct": "H200"}}
+    assert children_key("team-run-1", SPEC, h200, None) != children_key("team-run-1", SPEC, pooled, None)
     alice = {"username": "alice", "groups": ["b", "a"]}
     assert permission_key(alice) == permission_key({"username": "alice", "groups": ["a", "b"]})
     assert permission_key(alice) != permission_key({**alice, "groups": ["a"]})

@@ -110,12 +110,28 @@ def children_key(
     stem = dns_stem(name)
     doc = {
         "spec": spec,
-        "plan": plan,
+        "plan": children_plan(plan),
         "launcher": launcher_image,
         "name": [len(name), len(stem), stem == name],
     }
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
     return "children:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+#: Plan fields that follow the cluster's nodes (how many are eligible, which ones a review saw first): the
+#: children do not carry them (``manifests/launchspec.py`` ``LaunchPlan.from_plan`` reads the pool's product,
+#: memory and selector only), and a report wave of node heartbeats would otherwise make every review a new key.
+NODE_FIELDS = ("candidateNodeCount", "candidateNodesSample", "nodes")
+NODE_POOL_FIELDS = ("eligibleNodes", "excluded", "excludedCount")
+
+
+def children_plan(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan without the fields that follow the cluster's nodes (``NODE_FIELDS``, ``NODE_POOL_FIELDS``)."""
+    out = {k: v for k, v in plan.items() if k not in NODE_FIELDS}
+    pool = out.get("nodePool")
+    if isinstance(pool, Mapping):
+        out["nodePool"] = {k: v for k, v in pool.items() if k not in NODE_POOL_FIELDS}
+    return out
 
 
 def quota_key(gpus: int) -> str:
