@@ -6,6 +6,7 @@ SubjectAccessReviews and dry runs as the API server does (a pod whose image hold
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socketserver
 import threading
@@ -20,6 +21,7 @@ from kubernetes import client
 from verl_operator.controller import handlers
 from verl_operator.controller.proofs import PROOFS, Proofs, children_key, permission_key
 from verl_operator.controller.webhook import check_admission
+from verl_operator.manifests import LaunchPlan
 from verl_operator.policy import AdminPolicy
 
 
@@ -72,24 +74,27 @@ SPEC = {
 }
 
 
+def _launch(nodes: int = 2, launcher: str | None = None, **spec: Any) -> tuple[dict[str, Any], LaunchPlan]:
+    """A spec (``SPEC`` with ``spec`` merged in) and its launch plan, planned on ``nodes`` 8-GPU nodes."""
+    doc = {**SPEC, **spec}
+    checked = check_admission(doc, None, make_nodes(nodes, gpus=8))
+    assert checked.spec is not None and checked.plan is not None
+    return doc, LaunchPlan.from_plan_json(checked.plan, checked.spec, launcher_image=launcher)
+
+
 def test_children_keys_differ_where_the_children_can_differ_but_in_the_name() -> None:
-    plan = {"nnodes": 2, "worldSize": 16}
-    key = children_key("team-run-1", SPEC, plan, None)
-    assert children_key("team-run-2", SPEC, plan, None) == key  # the batch of one template
-    assert children_key("team-run-10", SPEC, plan, None) != key  # a longer name
-    assert children_key("team.run-1", SPEC, plan, None) != key  # same length, a dot: another stem
-    other = {**SPEC, "verl": {"image": "registry.example/verl:0.9.2"}}
-    assert children_key("team-run-1", other, plan, None) != key
-    assert children_key("team-run-1", SPEC, {**plan, "nnodes": 1}, None) != key
-    assert children_key("team-run-1", SPEC, plan, "operator:1") != key
-    # the nodes a review saw do not make another key; the pool's product does
-    pooled = {**plan, "nodePool": {"gpuProduct": "H100", "eligibleNodes": 10, "excludedCount": 0}}
-    seen = {**pooled, "candidateNodeCount": 10, "candidateNodesSample": ["n1"], "nodes": ["n1", "n2"]}
-    later = {**pooled, "nodePool": {**pooled["nodePool"], "eligibleNodes": 12, "excludedCount": 3}}
-    later |= {"candidateNodeCount": 12, "candidateNodesSample": ["n0"], "nodes": ["n0", "n3"]}
-    assert children_key("team-run-1", SPEC, seen, None) == children_key("team-run-1", SPEC, later, None)
-    h200 = {**pooled, "nodePool": {**pooled["nodePool"], "gpuProduct": "H200"}}
-    assert children_key("team-run-1", SPEC, h200, None) != children_key("team-run-1", SPEC, pooled, None)
+    spec, launch = _launch()
+    key = children_key("team-run-1", spec, launch)
+    assert children_key("team-run-2", spec, launch) == key  # the batch of one template
+    assert children_key("team-run-10", spec, launch) != key  # a longer name
+    assert children_key("team.run-1", spec, launch) != key  # same length, a dot: another stem
+    assert children_key("team-run-1", *_launch(verl={"image": "registry.example/verl:0.9.2"})) != key
+    assert children_key("team-run-1", *_launch(resources={"gpus": 8, "gpusPerNode": 8})) != key
+    assert children_key("team-run-1", *_launch(launcher="operator:1")) != key
+    # the nodes a review saw (how many are eligible, which ones first) do not make another key; the pool's
+    # product does
+    assert children_key("team-run-1", *_launch(nodes=12)) == key
+    assert children_key("team-run-1", spec, dataclasses.replace(launch, gpu_product="H200")) != key
     alice = {"username": "alice", "groups": ["b", "a"]}
     assert permission_key(alice) == permission_key({"username": "alice", "groups": ["a", "b"]})
     assert permission_key(alice) != permission_key({**alice, "groups": ["a"]})

@@ -43,6 +43,7 @@ from verl_operator.controller.webhook import (
     write_self_signed,
 )
 from verl_operator.controller.webhook_server import WebhookServer, admission_response
+from verl_operator.manifests import LaunchPlan
 from verl_operator.manifests.names import LABEL_JOB
 from verl_operator.policy import PolicyError
 
@@ -237,7 +238,8 @@ def _api_problems(
         quota = _CALLS.submit(gpu_quota_problems, _API[0], ns, gpus)
     if not dry_run and checked.spec is not None and checked.plan is not None:
         launcher = current().launcher_image
-        key = children_key(name, checked.spec.model_dump(mode="json"), checked.plan, launcher)
+        launch = LaunchPlan.from_plan_json(checked.plan, checked.spec, launcher_image=launcher)
+        key = children_key(name, checked.spec.model_dump(mode="json"), launch)
         if not PROOFS.proved(ns, key, window):
             children = dry_run_children(name, ns, checked.spec, checked.plan, launcher)
             dry_run = dry_run_problems(_API[0], children, _CALLS)

@@ -19,7 +19,7 @@ its ``ToggleSet`` does not look as expected (a later kopf).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 log = logging.getLogger("verl_operator.kopf")
@@ -44,28 +44,24 @@ def install() -> bool:
         log.warning("kopf's ToggleSet is not as expected; its start-up barrier is left as it is")
         return False
 
-    async def make_toggle(self: Any, __val: bool = False, *, name: str | None = None) -> Any:
-        toggle = aiotoggles.Toggle(__val, name=name, condition=self._condition)
+    async def changed(self: Any, change: Callable[[], object]) -> None:
+        """Apply ``change`` to the set's toggles; wake the waiters only if the set's state flipped."""
         async with self._condition:
             before = self.is_on()
-            self._toggles.add(toggle)
+            change()
             if self.is_on() != before:
                 self._condition.notify_all()
+
+    async def make_toggle(self: Any, __val: bool = False, *, name: str | None = None) -> Any:
+        toggle = aiotoggles.Toggle(__val, name=name, condition=self._condition)
+        await changed(self, lambda: self._toggles.add(toggle))
         return toggle
 
     async def drop_toggle(self: Any, toggle: Any) -> None:
-        async with self._condition:
-            before = self.is_on()
-            self._toggles.discard(toggle)
-            if self.is_on() != before:
-                self._condition.notify_all()
+        await changed(self, lambda: self._toggles.discard(toggle))
 
     async def drop_toggles(self: Any, toggles: Iterable[Any]) -> None:
-        async with self._condition:
-            before = self.is_on()
-            self._toggles.difference_update(toggles)
-            if self.is_on() != before:
-                self._condition.notify_all()
+        await changed(self, lambda: self._toggles.difference_update(toggles))
 
     cls.make_toggle, cls.drop_toggle, cls.drop_toggles = make_toggle, drop_toggle, drop_toggles
     cls._notifies_on_flips = True

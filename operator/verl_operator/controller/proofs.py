@@ -21,6 +21,7 @@ over. The administrator sets the window with the admission policy's ``reuseVerdi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import threading
@@ -29,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
+from verl_operator.manifests import LaunchPlan
 from verl_operator.manifests.names import dns_stem
 
 #: Proofs kept at most (a few hundred bytes each).
@@ -100,38 +102,20 @@ def permission_key(user: Mapping[str, Any]) -> tuple[str, ...]:
     )
 
 
-def children_key(
-    name: str, spec: Mapping[str, Any], plan: Mapping[str, Any], launcher_image: str | None
-) -> str:
-    """The key of a children's dry run: what the children are built from (the spec, the plan, the launcher
-    image) and the shape of the job's name, which the children carry in their names: its length and its DNS
-    stem's (the API server's rules on a name are on its length and its characters; the name is a DNS
-    subdomain, and where a child needs a DNS label the stem is one, ``manifests/names.py``)."""
+def children_key(name: str, spec: Mapping[str, Any], launch: LaunchPlan) -> str:
+    """The key of a children's dry run: what the children are built from (the spec and the launch plan, which
+    holds the launcher image and none of the plan's node counts or samples: a wave of node heartbeats does
+    not make a new key) and the shape of the job's name, which the children carry in their names: its length
+    and its DNS stem's (the API server's rules on a name are on its length and its characters; the name is a
+    DNS subdomain, and where a child needs a DNS label the stem is one, ``manifests/names.py``)."""
     stem = dns_stem(name)
     doc = {
         "spec": spec,
-        "plan": children_plan(plan),
-        "launcher": launcher_image,
+        "launch": dataclasses.asdict(launch),
         "name": [len(name), len(stem), stem == name],
     }
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
     return "children:" + hashlib.sha256(blob.encode()).hexdigest()
-
-
-#: Plan fields that follow the cluster's nodes (how many are eligible, which ones a review saw first): the
-#: children do not carry them (``manifests/launchspec.py`` ``LaunchPlan.from_plan`` reads the pool's product,
-#: memory and selector only), and a report wave of node heartbeats would otherwise make every review a new key.
-NODE_FIELDS = ("candidateNodeCount", "candidateNodesSample", "nodes")
-NODE_POOL_FIELDS = ("eligibleNodes", "excluded", "excludedCount")
-
-
-def children_plan(plan: Mapping[str, Any]) -> dict[str, Any]:
-    """The plan without the fields that follow the cluster's nodes (``NODE_FIELDS``, ``NODE_POOL_FIELDS``)."""
-    out = {k: v for k, v in plan.items() if k not in NODE_FIELDS}
-    pool = out.get("nodePool")
-    if isinstance(pool, Mapping):
-        out["nodePool"] = {k: v for k, v in pool.items() if k not in NODE_POOL_FIELDS}
-    return out
 
 
 def quota_key(gpus: int) -> str:
