@@ -133,16 +133,22 @@ def create_cgroup(name: str) -> list[str]:
     return created
 
 
+def cgroup_dirs(top: str) -> list[Path]:
+    """``top`` and every cgroup below it, parents first.
+
+    The kubelet and containerd remove cgroups while this walks them, so a directory that vanishes
+    between its listing and its scan is skipped (``os.walk`` ignores it), never an error.
+    """
+    return [Path(directory) for directory, _, _ in os.walk(top)]
+
+
 def cgroup_pids(paths: list[str]) -> list[int]:
     """Every pid in the given cgroups and their descendants."""
     pids: set[int] = set()
     for top in paths:
-        root = Path(top)
-        if not root.is_dir():
-            continue
-        for procs in root.rglob("cgroup.procs"):
+        for directory in cgroup_dirs(top):
             with contextlib.suppress(OSError):
-                pids.update(int(line) for line in procs.read_text().split())
+                pids.update(int(line) for line in (directory / "cgroup.procs").read_text().split())
     return sorted(pids)
 
 
@@ -165,10 +171,7 @@ def remove_cgroups(paths: list[str]) -> list[str]:
         root = Path(top)
         if not root.is_dir():
             continue
-        children = sorted(
-            (p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
-        )
-        for directory in [*children, root]:
+        for directory in sorted(cgroup_dirs(top), key=lambda p: len(p.parts), reverse=True):
             for _ in range(50):
                 try:
                     directory.rmdir()
