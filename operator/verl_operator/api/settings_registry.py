@@ -320,6 +320,24 @@ MEGATRON_ROWS: tuple[SettingRow, ...] = (
         f"{ARR}.actor.megatron.override_transformer_config.recompute_granularity",
     ),
     _read(
+        "megatron_recompute_modules",
+        "any",
+        "The submodules selective Megatron recompute recomputes (verl's default [core_attn]).",
+        f"{ARR}.actor.megatron.override_transformer_config.recompute_modules",
+    ),
+    _read(
+        "megatron_moe_grouped_gemm",
+        "bool",
+        "megatron-core's grouped GEMM for the experts (verl's MoE model converters turn it on).",
+        f"{ARR}.actor.megatron.override_transformer_config.moe_grouped_gemm",
+    ),
+    _read(
+        "megatron_moe_shared_expert_overlap",
+        "bool",
+        "megatron-core overlaps the shared experts with the token dispatch.",
+        f"{ARR}.actor.megatron.override_transformer_config.moe_shared_expert_overlap",
+    ),
+    _read(
         "megatron_recompute_method",
         "str",
         "Megatron full recompute: uniform or block.",

@@ -26,7 +26,8 @@ of one micro-batch per GPU, h hidden, V vocabulary, A the activation bytes per t
   ``override_transformer_config.recompute_granularity=full`` the layer's bf16 input ``2h / TP`` per recompute
   chunk (``recompute_method=uniform``: chunks of ``recompute_num_layers``; ``block``: the first
   ``recompute_num_layers`` layers of the stage recomputed, the rest kept), plus one chunk's recomputed
-  activations in the backward; ``selective`` keeps A (flash attention holds no score matrix).
+  activations in the backward; ``selective`` keeps A less what its ``recompute_modules`` free
+  (:func:`selective_savings`), plus one layer's recomputed submodules in the backward.
 - **MoE routing**: the fp32 router probabilities ``T / TP x experts x 4`` per kept MoE layer, and the
   dispatch and combine buffers of one layer in flight ``2 x T / TP x top_k x h x 2``.
 - **Logits** on the last stage: ``T / CP x V / TP`` fp32, with their gradient in the update (8 bytes; 12 with an
@@ -41,6 +42,7 @@ embedding / the loss as one layer of the first / last stage (megatron-core ``tra
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 from dataclasses import dataclass
@@ -48,7 +50,7 @@ from typing import TYPE_CHECKING
 
 from verl_operator.api.plan import Violation
 from verl_operator.api.spec import ModelShape
-from verl_operator.planner.catalog import count_params
+from verl_operator.planner.catalog import count_params, effective_intermediate
 from verl_operator.planner.reader import Reader
 
 if TYPE_CHECKING:
@@ -84,6 +86,11 @@ class MegatronOptions:
     recompute_granularity: str | None = None
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
+    #: ``override_transformer_config.recompute_modules`` as pinned (None: verl's and megatron-core's
+    #: ``[core_attn]``); only selective recompute reads it.
+    recompute_modules: tuple[str, ...] | None = None
+    moe_grouped_gemm: bool | None = None
+    moe_shared_expert_overlap: bool = False
     ref_param_offload: bool = False
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
@@ -93,6 +100,13 @@ class MegatronOptions:
     #: ``store_param_remainders`` (default True) then keeps only the 16 bits of the fp32 master weights that
     #: the bf16 weights lack.
     precision_aware_optimizer: bool = False
+
+    @property
+    def selective_modules(self) -> frozenset[str]:
+        """The submodules selective recompute recomputes (empty unless ``recompute_granularity=selective``)."""
+        if self.recompute_granularity != "selective":
+            return frozenset()
+        return frozenset(self.recompute_modules if self.recompute_modules is not None else DEFAULT_MODULES)
 
     @property
     def uneven(self) -> bool:
@@ -129,6 +143,13 @@ class MegatronOptions:
         return 1.0 - self.optimizer_offload_fraction if self.optimizer_cpu_offload else 1.0
 
 
+#: megatron-core's ``recompute_modules`` (0.14.0 ``transformer/transformer_config.py`` lines 869-877, 0.16.1
+#: lines 1198-1206) and its default (lines 864-865 / 1193-1194; verl's config pins the same).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+DEFAULT_MODULES = ("core_attn",)
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+
 #: ``MegatronOptions`` field -> the registry setting it is read from (``api/settings_registry.py``).
 OPTION_SETTINGS = {
     "grad_offload": "megatron_grad_offload",
@@ -137,6 +158,9 @@ OPTION_SETTINGS = {
     "recompute_granularity": "megatron_recompute_granularity",
     "recompute_method": "megatron_recompute_method",
     "recompute_num_layers": "megatron_recompute_num_layers",
+    "recompute_modules": "megatron_recompute_modules",
+    "moe_grouped_gemm": "megatron_moe_grouped_gemm",
+    "moe_shared_expert_overlap": "megatron_moe_shared_expert_overlap",
     "ref_param_offload": "megatron_ref_param_offload",
     "first_stage_layers": "megatron_first_stage_layers",
     "last_stage_layers": "megatron_last_stage_layers",
@@ -165,6 +189,9 @@ def options_of(r: Reader) -> MegatronOptions:
             )
     granularity = r.get_str(OPTION_SETTINGS["recompute_granularity"], reads=True)
     method = r.get_str(OPTION_SETTINGS["recompute_method"], reads=True)
+    # megatron-core reads the modules only for selective recompute
+    selective = granularity == "selective"
+    modules = r.get_strings(OPTION_SETTINGS["recompute_modules"], reads=True) if selective else None
     return MegatronOptions(
         grad_offload=bool(r.get_bool(OPTION_SETTINGS["grad_offload"], reads=True)),
         optimizer_cpu_offload=bool(r.get_bool(OPTION_SETTINGS["optimizer_cpu_offload"], reads=True)),
@@ -172,6 +199,9 @@ def options_of(r: Reader) -> MegatronOptions:
         recompute_granularity=None if granularity in (None, "null", "None") else granularity,
         recompute_method=None if method in (None, "null", "None") else method,
         recompute_num_layers=r.get_int(OPTION_SETTINGS["recompute_num_layers"], reads=True),
+        recompute_modules=modules,
+        moe_grouped_gemm=r.get_bool(OPTION_SETTINGS["moe_grouped_gemm"], reads=True),
+        moe_shared_expert_overlap=bool(r.get_bool(OPTION_SETTINGS["moe_shared_expert_overlap"], reads=True)),
         ref_param_offload=bool(r.get_bool(OPTION_SETTINGS["ref_param_offload"], reads=True)),
         first_stage_layers=r.get_int(OPTION_SETTINGS["first_stage_layers"], reads=True),
         last_stage_layers=r.get_int(OPTION_SETTINGS["last_stage_layers"], reads=True),
@@ -179,6 +209,146 @@ def options_of(r: Reader) -> MegatronOptions:
         account_for_loss=bool(r.get_bool(OPTION_SETTINGS["account_for_loss"], reads=True)),
         precision_aware_optimizer=bool(r.get_bool(OPTION_SETTINGS["precision_aware_optimizer"], reads=True)),
     )
+
+
+def check_recompute(r: Reader, shape: ModelShape, o: MegatronOptions) -> list[Violation]:
+    """megatron-core's checks of the recompute settings (``TransformerConfig.__post_init__``, 0.14.0
+    ``transformer/transformer_config.py`` lines 825-910, 0.16.1 lines 1154-1239), made before any GPU is held.
+
+    A full recompute needs ``recompute_method`` (uniform or block) and ``recompute_num_layers``; a selective one
+    takes no ``recompute_num_layers`` and only megatron-core's submodules, ``moe_act`` with grouped GEMM (verl's
+    MoE model converters turn it on: 0.6.1 ``models/mcore/config_converter.py`` lines 204, 240, 269 and 339; a
+    dense model's config leaves megatron-core's False), ``mla_up_proj`` with multi-latent attention, and
+    ``shared_experts`` without ``moe_shared_expert_overlap``.
+    """
+
+    def field(option: str) -> str:
+        pin = r.reads.get(OPTION_SETTINGS[option])
+        return pin.source if pin is not None else f"spec.overrides ({OPTION_SETTINGS[option]})"
+
+    def bad(option: str, message: str, *suggestions: str) -> Violation:
+        return Violation(
+            field=field(option), rule="megatron-recompute", message=message, suggestions=list(suggestions)
+        )
+
+    g = o.recompute_granularity
+    if g is None:
+        return []
+    if g not in RECOMPUTE_GRANULARITIES:
+        return [
+            bad(
+                "recompute_granularity",
+                f"recompute_granularity {g!r} is not full or selective",
+                "use recompute_granularity=full (with recompute_method and recompute_num_layers) or selective",
+            )
+        ]
+    out: list[Violation] = []
+    if o.recompute_method is not None and o.recompute_method not in RECOMPUTE_METHODS:
+        out.append(
+            bad(
+                "recompute_method",
+                f"recompute_method {o.recompute_method!r} is not uniform or block",
+                "use recompute_method=uniform or block",
+            )
+        )
+    elif o.recompute_method is None and g == "full":
+        out.append(
+            bad(
+                "recompute_granularity",
+                "recompute_granularity=full needs recompute_method: uniform or block",
+                "add recompute_method=uniform",
+            )
+        )
+    if g == "full" and o.recompute_num_layers is None:
+        out.append(
+            bad(
+                "recompute_granularity",
+                "recompute_granularity=full needs recompute_num_layers (1 to the layers of a pipeline stage)",
+                "add recompute_num_layers=1",
+            )
+        )
+    if g != "selective":
+        return out
+    if o.recompute_num_layers is not None:
+        out.append(
+            bad(
+                "recompute_num_layers",
+                f"recompute_num_layers={o.recompute_num_layers} is set with recompute_granularity=selective, "
+                "which takes none (it recomputes submodules of every layer)",
+                "drop recompute_num_layers, or use recompute_granularity=full",
+            )
+        )
+    modules = o.selective_modules
+    unknown = sorted(modules - set(RECOMPUTE_MODULES))
+    if unknown:
+        near = sorted({m for u in unknown for m in difflib.get_close_matches(u, RECOMPUTE_MODULES, n=1)})
+        out.append(
+            bad(
+                "recompute_modules",
+                f"recompute_modules names {', '.join(unknown)}: not among megatron-core's "
+                f"{', '.join(RECOMPUTE_MODULES)}",
+                f"use {' or '.join(near)}" if near else f"use some of {', '.join(RECOMPUTE_MODULES)}",
+            )
+        )
+    grouped = o.moe_grouped_gemm if o.moe_grouped_gemm is not None else bool(shape.num_experts)
+    if "moe_act" in modules and not grouped:
+        why = "moe_grouped_gemm=False" if o.moe_grouped_gemm is False else "a dense model has no grouped GEMM"
+        out.append(
+            bad(
+                "recompute_modules",
+                f"recompute_modules has moe_act, which needs grouped GEMM ({why})",
+                "drop moe_act" if not shape.num_experts else "set moe_grouped_gemm=True or drop moe_act",
+            )
+        )
+    if "mla_up_proj" in modules and shape.kv_lora_rank is None:
+        out.append(
+            bad(
+                "recompute_modules",
+                "recompute_modules has mla_up_proj, which needs multi-latent attention (the model has none)",
+                "drop mla_up_proj",
+            )
+        )
+    if "shared_experts" in modules and (shape.shared_experts or 0) > 0 and o.moe_shared_expert_overlap:
+        out.append(
+            bad(
+                "recompute_modules",
+                "recompute_modules has shared_experts, which cannot work with moe_shared_expert_overlap=True",
+                "drop shared_experts, or set moe_shared_expert_overlap=False",
+            )
+        )
+    return out
+
+
+def selective_savings(shape: ModelShape, o: MegatronOptions) -> tuple[float, float]:
+    """Bytes per token that selective recompute frees of ``A`` ``(in a MoE layer, in a dense layer)``.
+
+    megatron-core 0.14.0 with TransformerEngine's layer spec (the one verl builds) fuses the input norm into the
+    QKV projection and a dense layer's pre-MLP norm into its first MLP projection, so ``layernorm`` frees only
+    a MoE layer's pre-MLP norm output, ``2h`` (``transformer_layer.py`` lines 406-418: output-discarding); ``moe``
+    frees the whole MoE layer's part of A, ``8 I_eff``, keeping its input (``moe/moe_layer.py`` line 116), else
+    ``moe_act`` the activation's output, ``2 x top_k x moe_intermediate`` (``moe/experts.py`` lines 806-809), and
+    ``shared_experts`` the shared experts' ``8 x shared x moe_intermediate``; ``mlp`` a dense layer's MLP part,
+    ``8 I_eff`` (``transformer_layer.py`` lines 425-427). ``core_attn`` frees nothing with fused attention (it
+    keeps no score matrix; megatron-core warns as much), nor does ``mla_up_proj`` here (not modelled: the
+    estimate stays high).
+    """
+    modules = o.selective_modules
+    if not modules:
+        return 0.0, 0.0
+    i_eff = effective_intermediate(shape)
+    dense = 8.0 * i_eff if "mlp" in modules else 0.0
+    if not shape.num_experts:
+        return 0.0, dense
+    moe_i = shape.moe_intermediate_size or shape.intermediate_size
+    if "moe" in modules:
+        moe = 8.0 * i_eff
+    else:
+        moe = 2.0 * moe_i * (shape.num_experts_per_tok or 1) if "moe_act" in modules else 0.0
+        if "shared_experts" in modules:
+            moe += 8.0 * moe_i * (shape.shared_experts or 0)
+    if "layernorm" in modules:
+        moe += 2.0 * shape.hidden_size
+    return moe, dense
 
 
 def stage_layers(
@@ -386,12 +556,25 @@ def in_flight(mm: MegatronMemory, st: Stage) -> float:
     return float(held)
 
 
-def kept_layer_bytes(mm: MegatronMemory, st: Stage, a: int, h: int, tokens: float) -> tuple[float, float]:
-    """``(bytes one micro-batch keeps for the stage's backward, the recompute's extra bytes)`` per GPU."""
+def kept_layer_bytes(
+    mm: MegatronMemory,
+    st: Stage,
+    a: int,
+    h: int,
+    tokens: float,
+    savings: tuple[float, float] = (0.0, 0.0),
+) -> tuple[float, float]:
+    """``(bytes one micro-batch keeps for the stage's backward, the recompute's extra bytes)`` per GPU;
+    ``savings`` are :func:`selective_savings`' (per token in a MoE and in a dense layer)."""
     o = mm.options
     per_tp = tokens / mm.tp
     if o.recompute_granularity != "full":
-        return st.layers * a * per_tp, 0.0
+        moe, dense = savings
+        dense_layers = st.layers - st.moe_layers
+        kept = st.layers * a - st.moe_layers * moe - dense_layers * dense
+        # The backward recomputes one layer's submodules at a time.
+        extra = max(moe if st.moe_layers else 0.0, dense if dense_layers else 0.0)
+        return kept * per_tp, extra * per_tp
     chunk = max(1, o.recompute_num_layers or 1)
     if o.recompute_method == "block":  # the first ``chunk`` layers recomputed, the rest kept
         recomputed = min(chunk, st.layers)
@@ -414,11 +597,13 @@ def train_parts(
     }
     if ref and not o.ref_param_offload:
         state["ref"] = WEIGHT_BYTES * st.params
-    kept, recompute = kept_layer_bytes(mm, st, a, shape.hidden_size, t)
+    savings = selective_savings(shape, o)
+    kept, recompute = kept_layer_bytes(mm, st, a, shape.hidden_size, t, savings)
     parts = {**state, "activations": in_flight(mm, st) * kept + recompute}
     if st.moe_layers and shape.num_experts:
         per_tp = t / mm.tp
-        kept_moe = st.moe_layers if o.recompute_granularity != "full" else 0
+        whole_layer = o.recompute_granularity == "full" or "moe" in o.selective_modules
+        kept_moe = 0 if whole_layer else st.moe_layers
         parts["moeRouting"] = in_flight(mm, st) * kept_moe * per_tp * shape.num_experts * ROUTER_BYTES + (
             2 * per_tp * (shape.num_experts_per_tok or 1) * shape.hidden_size * 2
         )

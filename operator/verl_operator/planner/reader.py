@@ -97,6 +97,16 @@ class Reader:
             return None
         return str(pin.value)
 
+    def get_strings(self, name: str, reads: bool = False) -> tuple[str, ...] | None:
+        """The pinned list of names ``name``, or None; anything but a list of strings is a violation."""
+        pin = (self.reads if reads else self.pins).get(name)
+        if pin is None or pin.value is None:
+            return None
+        if not isinstance(pin.value, list) or not all(isinstance(v, str) for v in pin.value):
+            self._bad(pin, "a list of names")
+            return None
+        return tuple(str(v) for v in pin.value)
+
     def check_paths(self, name: str) -> None:
         """A pinned ``name`` (``train_files``, ``val_files``) is a path or a list of paths."""
         pin = self.pins.get(name)

@@ -116,6 +116,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         fixed = megatron.fixed_offload(
             fixed, r.get_bool("megatron_param_offload"), r.get_bool("megatron_optimizer_offload")
         )
+        r.violations += megatron_memory.check_recompute(r, model.shape, problem.megatron_options)
     if r.violations:
         return r.violations
     if vs := _mean_lengths(problem):

@@ -1,0 +1,195 @@
+"""Megatron activation recompute: megatron-core's checks of the settings (``megatron_memory.check_recompute``)
+and what selective recompute's submodules free (``megatron_memory.selective_savings``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from conftest import catalog_entry, make_nodes, make_spec
+
+from verl_operator.api.plan import PlanResult
+from verl_operator.planner import megatron_memory
+from verl_operator.planner.job import plan_job
+from verl_operator.planner.megatron_memory import MegatronMemory, MegatronOptions
+from verl_operator.planner.memory import activation_bytes_per_token_layer
+
+TC = "actor_rollout_ref.actor.megatron.override_transformer_config"
+MOE = "Qwen/Qwen3-30B-A3B-Base"
+DENSE = "Qwen/Qwen2.5-7B-Instruct"
+SELECTIVE = f"{TC}.recompute_granularity=selective"
+
+
+def _plan(model: str, *overrides: str) -> PlanResult:
+    spec = make_spec(8, model=model, overrides=["--config-name=ppo_megatron_trainer", *overrides])
+    return plan_job(spec, make_nodes(1, product="NVIDIA-H20", memory_mib=97871))
+
+
+@pytest.mark.parametrize(
+    ("model", "overrides", "field", "words"),
+    [
+        pytest.param(
+            MOE,
+            [f"{TC}.recompute_granularity=partial"],
+            "recompute_granularity",
+            "not full or selective",
+            id="granularity",
+        ),
+        pytest.param(
+            MOE,
+            [f"{TC}.recompute_granularity=full", f"{TC}.recompute_num_layers=1"],
+            "recompute_granularity",
+            "needs recompute_method",
+            id="full-without-method",
+        ),
+        pytest.param(
+            MOE,
+            [f"{TC}.recompute_granularity=full", f"{TC}.recompute_method=uniform"],
+            "recompute_granularity",
+            "needs recompute_num_layers",
+            id="full-without-layers",
+        ),
+        pytest.param(
+            MOE,
+            [
+                f"{TC}.recompute_granularity=full",
+                f"{TC}.recompute_method=even",
+                f"{TC}.recompute_num_layers=1",
+            ],
+            "recompute_method",
+            "not uniform or block",
+            id="method",
+        ),
+        pytest.param(
+            MOE,
+            [SELECTIVE, f"{TC}.recompute_num_layers=2"],
+            "recompute_num_layers",
+            "takes none",
+            id="selective-with-layers",
+        ),
+        pytest.param(
+            MOE,
+            [SELECTIVE, f"{TC}.recompute_modules=[core_attn,moe_actt]"],
+            "recompute_modules",
+            "moe_actt: not among",
+            id="unknown-module",
+        ),
+        pytest.param(
+            MOE,
+            [SELECTIVE, f"{TC}.recompute_modules=[moe_act]", f"+{TC}.moe_grouped_gemm=False"],
+            "recompute_modules",
+            "moe_grouped_gemm=False",
+            id="moe-act-without-grouped-gemm",
+        ),
+        pytest.param(
+            DENSE,
+            [SELECTIVE, f"{TC}.recompute_modules=[moe_act]"],
+            "recompute_modules",
+            "dense model",
+            id="moe-act-on-a-dense-model",
+        ),
+        pytest.param(
+            DENSE,
+            [SELECTIVE, f"{TC}.recompute_modules=[mla_up_proj]"],
+            "recompute_modules",
+            "multi-latent attention",
+            id="mla-without-mla",
+        ),
+        pytest.param(
+            DENSE,
+            [SELECTIVE, f"{TC}.recompute_modules=core_attn"],
+            "recompute_modules",
+            "not a list",
+            id="modules-not-a-list",
+        ),
+    ],
+)
+def test_megatron_cores_recompute_checks_are_made_at_admission(
+    model: str, overrides: list[str], field: str, words: str
+) -> None:
+    result = _plan(model, *overrides)
+    assert not result.feasible
+    (v,) = [v for v in result.violations if v.rule in ("megatron-recompute", "override-type")]
+    assert f"{TC}.{field})" in v.field and words in v.message, v
+    assert v.suggestions
+
+
+@pytest.mark.parametrize(
+    ("model", "overrides"),
+    [
+        pytest.param(MOE, [SELECTIVE], id="selective-default-modules"),
+        pytest.param(MOE, [SELECTIVE, f"{TC}.recompute_modules=[core_attn,moe_act,layernorm,moe]"], id="moe"),
+        pytest.param(DENSE, [SELECTIVE, f"{TC}.recompute_modules=[mlp,layernorm]"], id="dense-mlp"),
+        pytest.param(
+            MOE,
+            [
+                f"{TC}.recompute_granularity=full",
+                f"{TC}.recompute_method=uniform",
+                f"{TC}.recompute_num_layers=1",
+            ],
+            id="full-uniform",
+        ),
+        # megatron-core reads the modules only for selective recompute
+        pytest.param(DENSE, [f"{TC}.recompute_modules=[moe_act]"], id="modules-without-selective"),
+    ],
+)
+def test_valid_recompute_settings_plan(model: str, overrides: list[str]) -> None:
+    result = _plan(model, *overrides)
+    assert result.feasible, result.violations
+
+
+QWEN235 = catalog_entry("Qwen/Qwen3-235B-A22B").shape
+QWEN7 = catalog_entry(DENSE).shape
+
+
+def _selective(*modules: str) -> MegatronOptions:
+    return MegatronOptions(recompute_granularity="selective", recompute_modules=modules)
+
+
+@pytest.mark.parametrize(
+    ("modules", "moe_bytes"),
+    [
+        pytest.param((), 0, id="no-modules"),
+        pytest.param(("core_attn",), 0, id="core-attn-frees-nothing-with-fused-attention"),
+        pytest.param(("moe_act",), 2 * 8 * 1536, id="moe-act"),
+        pytest.param(("layernorm",), 2 * 4096, id="layernorm"),
+        pytest.param(("moe",), 8 * 8 * 1536, id="moe"),
+        pytest.param(("moe", "moe_act", "layernorm"), 8 * 8 * 1536 + 2 * 4096, id="moe-supersedes-moe-act"),
+        pytest.param(("mlp",), 0, id="mlp-is-the-dense-layers"),
+    ],
+)
+def test_selective_savings_of_a_moe_layer(modules: tuple[str, ...], moe_bytes: int) -> None:
+    moe, dense = megatron_memory.selective_savings(QWEN235, _selective(*modules))
+    assert moe == moe_bytes
+    assert dense == (8 * 8 * 1536 if "mlp" in modules else 0)
+
+
+def test_selective_savings_of_a_dense_layer() -> None:
+    i = QWEN7.intermediate_size
+    assert megatron_memory.selective_savings(QWEN7, _selective("mlp", "layernorm")) == (0.0, 8.0 * i)
+    # full recompute and no recompute free nothing here
+    assert megatron_memory.selective_savings(QWEN7, MegatronOptions(recompute_granularity="full")) == (0, 0)
+    assert megatron_memory.selective_savings(QWEN7, MegatronOptions(recompute_modules=("mlp",))) == (0, 0)
+
+
+def test_selective_recompute_lowers_the_1f1b_activations_and_recomputes_one_layer() -> None:
+    shape = QWEN235
+    a = activation_bytes_per_token_layer(shape)
+    plain = MegatronMemory(
+        world=64, tp=4, pp=8, cp=1, ep=4, etp=1, vpp=None, options=MegatronOptions(), micro_batches=64
+    )
+    moe = replace(plain, options=_selective("moe", "layernorm"))
+    st = megatron_memory.stages(shape, plain)[1]
+    saved = megatron_memory.selective_savings(shape, moe.options)
+    kept, extra = megatron_memory.kept_layer_bytes(plain, st, a, shape.hidden_size, 11680)
+    kept_moe, extra_moe = megatron_memory.kept_layer_bytes(moe, st, a, shape.hidden_size, 11680, saved)
+    per_tp = 11680 / 4
+    assert kept - kept_moe == pytest.approx(st.moe_layers * saved[0] * per_tp)
+    assert extra == 0 and extra_moe == pytest.approx(saved[0] * per_tp)
+    plain_parts = megatron_memory.train_parts(shape, plain, st, a, 11680, False, False)
+    moe_parts = megatron_memory.train_parts(shape, moe, st, a, 11680, False, False)
+    assert moe_parts["activations"] < 0.5 * plain_parts["activations"]
+    # the checkpointed MoE layers keep no router probabilities: one layer's dispatch and combine buffers remain
+    dispatch = 2 * per_tp * 8 * shape.hidden_size * 2
+    assert moe_parts["moeRouting"] == pytest.approx(dispatch)
+    assert dispatch < plain_parts["moeRouting"]
