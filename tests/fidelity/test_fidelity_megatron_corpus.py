@@ -67,6 +67,7 @@ MEGATRON_FIELDS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = (
     ),
     (re.compile(r"num_attention_heads|num_query_groups"), ("tensorparallel", "tensormodelparallel")),
     (re.compile(r"interleaved|virtual"), ("virtualpipeline", "pipelineparallel", "pipelinemodelparallel")),
+    (re.compile(r"recompute"), ("recompute",)),
     (re.compile(r"layers|pipeline"), ("pipelineparallel", "pipelinemodelparallel", "overrides")),
     (re.compile(r"expert"), ("expert",)),
     (re.compile(r"mini_batch|mini-batch|ppo_mini_batch_size"), ("minibatchsize", "trainbatchsize")),
@@ -159,7 +160,8 @@ def megatron_variants(row: dict[str, Any], shape: dict[str, Any]) -> list[tuple[
     ``TransformerConfig``); ``pp-layers``: a PP that divides the world but not the layers
     (``get_num_layers_to_build``), with the script's TP set to 1; ``vpp-pp1``: a virtual pipeline size with PP 1
     (``initialize_model_parallel``); ``mp-world``: TP x PP not dividing the world; ``mini-dp``: a mini-batch
-    below Megatron's DP.
+    below Megatron's DP; ``recompute-module``: selective recompute naming a submodule megatron-core lacks;
+    ``recompute-selective-layers``: selective recompute with ``recompute_num_layers`` (``TransformerConfig``).
     """
     overrides = list(row["overrides"])
     per_node, world = row["n_gpus_per_node"] or 8, (row["nnodes"] or 1) * (row["n_gpus_per_node"] or 8)
@@ -189,6 +191,11 @@ def megatron_variants(row: dict[str, Any], shape: dict[str, Any]) -> list[tuple[
     bad_mp = next((d for d in range(3, 2 * world) if world % d and heads % d == 0 and kv % d == 0), None)
     if bad_mp is not None:
         out.append(("mp-world", _set(base, f"{m}.tensor_model_parallel_size", bad_mp)))
+    tc = f"{m}.override_transformer_config"
+    plain = [o for o in base if not o.split("=", 1)[0].lstrip("+").startswith(f"{tc}.recompute_")]
+    selective = [*plain, f"{tc}.recompute_granularity=selective"]
+    out.append(("recompute-module", [*selective, f"{tc}.recompute_modules=[core_attn,layernorms]"]))
+    out.append(("recompute-selective-layers", [*selective, f"{tc}.recompute_num_layers=1"]))
     n = _int(overrides, f"{ARR}.rollout.n", 1)
     dp = world // max(1, _int(base, f"{m}.tensor_model_parallel_size", 1))
     if dp > n and dp > 1:
