@@ -36,6 +36,15 @@ H20 = 97871 * 1024**2
         pytest.param(61, 8, {"last": 6}, None, id="dsv3-pp8-last6-no"),
         pytest.param(10, 3, {"first": 2, "last": 2}, (2, 6, 2), id="first-and-last"),
         pytest.param(10, 1, {}, (10,), id="pp1"),
+        # a virtual pipeline size divides each stage's share (megatron-core's TransformerConfig)
+        pytest.param(
+            94, 8, {"embedding": True, "loss": True, "vpp": 4}, (11,) + (12,) * 6 + (11,), id="accounted-vpp4"
+        ),
+        pytest.param(94, 8, {"embedding": True, "loss": True, "vpp": 5}, None, id="accounted-vpp5-no"),
+        pytest.param(61, 12, {"last": 6, "vpp": 2}, None, id="dsv3-middle-5-vpp2-no"),
+        pytest.param(62, 12, {"last": 6, "vpp": 2}, None, id="middle-56-over-11-no"),
+        pytest.param(64, 6, {"first": 4, "last": 4, "vpp": 2}, (4, 14, 14, 14, 14, 4), id="first-last-vpp2"),
+        pytest.param(64, 6, {"first": 4, "last": 4, "vpp": 4}, None, id="middle-14-vpp4-no"),
     ],
 )
 def test_stage_layers(layers: int, pp: int, kw: dict[str, Any], expected: tuple[int, ...] | None) -> None:

@@ -111,3 +111,39 @@ def test_pinned_pipeline_split_decides(pp: int, pins: dict[str, Any], refused: b
         assert found[0].rule == "megatron-layers-divisible"
         assert found[0].field == "spec.parallelism.megatron.pipelineParallelSize"
         assert "%" in found[0].message and found[0].suggestions
+
+
+@pytest.mark.parametrize(
+    ("pp", "vpp", "pins", "suggested"),
+    [
+        # Qwen2.5-7B's 28 layers + embedding + loss = 30 on PP 5: 6 per stage, so VPP 2, 3 or 6 build; 4 does not
+        pytest.param(
+            5, 2, {"account_for_embedding": True, "account_for_loss": True}, None, id="accounted-vpp2"
+        ),
+        pytest.param(
+            5, 4, {"account_for_embedding": True, "account_for_loss": True}, "VPP 3 or 6", id="accounted-vpp4"
+        ),
+        # a last stage of 7 and three middle stages of 7 each: VPP 7 builds, 2 does not
+        pytest.param(4, 7, {"last_stage_layers": 7}, None, id="pinned-vpp7"),
+        pytest.param(4, 2, {"last_stage_layers": 7}, "VPP 7", id="pinned-vpp2"),
+        # 28 layers with a last stage of 4 on PP 4: 8 per middle stage; VPP 4 builds, 3 does not
+        pytest.param(4, 3, {"last_stage_layers": 4}, "VPP 2 or 4", id="pinned-vpp3"),
+    ],
+)
+def test_a_virtual_pipeline_divides_each_stage_of_a_pinned_split(
+    pp: int, vpp: int, pins: dict[str, Any], suggested: str | None
+) -> None:
+    """An uneven split with VPP is megatron-core's (each stage's layers divide by VPP), not ``L % (PP x VPP)``:
+    Qwen3-235B-A22B's 94 layers with the embedding and loss on PP 8 x VPP 2 build, though 94 % 16 != 0."""
+    from verl_operator.planner.megatron_memory import MegatronOptions
+
+    p = make_problem(training_engine="megatron", megatron_options=MegatronOptions(**pins))
+    mesh = Mesh.of(p, make_settings(training_engine="megatron", megatron_pp=pp, megatron_vpp=vpp))
+    found = rules_megatron.layers_divisible(p, mesh)
+    if suggested is None:
+        assert found == []
+        return
+    (v,) = found
+    assert v.rule == "megatron-layers-divisible" and f"VPP {vpp}" in v.message
+    assert v.field == "spec.parallelism.megatron.virtualPipelineParallelSize"
+    assert v.suggestions == [f"use {suggested}"]

@@ -286,7 +286,8 @@ def _stages_split(shape: ModelShape, pp: int, options: MegatronOptions) -> bool:
 
 def _default_vpp(shape: ModelShape, pp: int, fixed: Fixed, options: MegatronOptions) -> int | None:
     """VPP 2 for a PP the search chose (> 1) whose layers split into ``PP x 2`` equal virtual stages, else
-    unset (a pinned PP keeps verl's default, no interleaving; an uneven split has no interleaved form here)."""
+    unset (a pinned PP keeps verl's default, no interleaving; nor is one chosen for an uneven split: a pinned
+    VPP is checked against each of its stages, ``megatron_memory.stage_layers``)."""
     if fixed.megatron_pp is not None or pp <= 1 or options.uneven:
         return None
     return 2 if shape.layers % (pp * 2) == 0 else None

@@ -114,7 +114,7 @@ class MegatronOptions:
         pins = (self.first_stage_layers, self.last_stage_layers) != (None, None)
         return pins or self.account_for_embedding or self.account_for_loss
 
-    def split(self, layers: int, pp: int) -> tuple[int, ...] | None:
+    def split(self, layers: int, pp: int, vpp: int | None = None) -> tuple[int, ...] | None:
         """The layers of each of ``pp`` stages under these options (:func:`stage_layers`), or None."""
         return stage_layers(
             layers,
@@ -123,6 +123,7 @@ class MegatronOptions:
             self.last_stage_layers,
             self.account_for_embedding,
             self.account_for_loss,
+            vpp,
         )
 
     @property
@@ -358,6 +359,7 @@ def stage_layers(
     last: int | None = None,
     embedding: bool = False,
     loss: bool = False,
+    vpp: int | None = None,
 ) -> tuple[int, ...] | None:
     """The transformer layers of each pipeline stage as megatron-core builds them, or None if they do not split.
 
@@ -366,7 +368,10 @@ def stage_layers(
         other stages; otherwise, with ``embedding`` / ``loss``, the embedding / the loss counts as one layer of
         the first / last stage and ``layers + extras`` split evenly. Example: Qwen3-235B-A22B, 94 layers, PP 8,
         both accounted: 96 / 8 = 12 per stage, so ``(11, 12, 12, 12, 12, 12, 12, 11)``; DeepSeek-V3, 61 layers,
-        PP 12, last stage 6: ``(5 x 11, 6)``.
+        PP 12, last stage 6: ``(5 x 11, 6)``. With a virtual pipeline size ``vpp`` every pinned stage's layers
+        and every middle stage's divide by it; with the embedding or loss accounted, each stage's share of
+        ``layers + extras`` does (megatron-core 0.14.0 ``transformer/transformer_config.py`` lines 1004-1118,
+        0.16.1 lines 1359-1480): Qwen3-235B-A22B accounted on PP 8 takes VPP 2, 3, 4, 6 or 12, not 5.
     """
     if pp <= 1:
         return (layers,) if first in (None, layers) and last in (None, layers) else None
@@ -376,6 +381,8 @@ def stage_layers(
         if inner < 0 or (rest == 0 and inner) or (rest and inner % rest):
             return None
         each = inner // rest if rest else 0
+        if vpp and any(n % vpp for n in (first, last, each if rest else None) if n is not None):
+            return None
         return tuple(
             first if i == 0 and first is not None else last if i == pp - 1 and last is not None else each
             for i in range(pp)
@@ -384,6 +391,8 @@ def stage_layers(
     if total % pp:
         return None
     each = total // pp
+    if vpp and each % vpp:
+        return None
     out = [each] * pp
     out[0] -= embedding
     out[-1] -= loss
@@ -658,6 +667,6 @@ def of_candidate(p: Problem, s: Settings, mini_tokens: int, micro_tokens: int) -
     )
 
 
-def uneven_split(p: Problem, pp: int) -> bool:
-    """The job pins an uneven stage split that megatron-core can build for PP ``pp``."""
-    return p.megatron_options.uneven and p.megatron_options.split(p.shape.layers, pp) is not None
+def uneven_split(p: Problem, pp: int, vpp: int | None = None) -> bool:
+    """The job pins an uneven stage split that megatron-core can build for PP ``pp`` (and VPP ``vpp``)."""
+    return p.megatron_options.uneven and p.megatron_options.split(p.shape.layers, pp, vpp) is not None

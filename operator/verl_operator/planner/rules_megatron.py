@@ -110,10 +110,10 @@ def layers_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
     stages = s.megatron_pp * (s.megatron_vpp or 1)
     layers = p.shape.layers
     options = p.megatron_options
-    if options.uneven and not s.megatron_vpp:  # the pinned split decides, even where PP divides the layers
-        if megatron_memory.uneven_split(p, s.megatron_pp):
+    if options.uneven:  # the pinned split decides, even where PP divides the layers
+        if megatron_memory.uneven_split(p, s.megatron_pp, s.megatron_vpp):
             return []
-        return [_uneven_violation(p, s.megatron_pp)]
+        return [_uneven_violation(p, s.megatron_pp, s.megatron_vpp)]
     if layers % stages == 0:
         return []
     vpp = s.megatron_vpp is not None and s.megatron_vpp > 1 and layers % s.megatron_pp == 0
@@ -139,11 +139,36 @@ def layers_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
     ]
 
 
-def _uneven_violation(p: Problem, pp: int) -> Violation:
+def _uneven_violation(p: Problem, pp: int, vpp: int | None) -> Violation:
     """The pinned first / last stage layers (or the embedding / loss accounted as layers) leave a remainder
     that the other stages cannot share evenly (megatron-core ``TransformerConfig.__post_init__``: the
-    layers left after the pinned stages must divide by the stages left)."""
+    layers left after the pinned stages must divide by the stages left), or, with a virtual pipeline size,
+    a stage's layers that do not divide by it (``megatron_memory.stage_layers``)."""
     o, layers = p.megatron_options, p.shape.layers
+    split = o.split(layers, pp)
+    if vpp and split is not None:
+        ok = [v for v in range(2, max(split) + 1) if o.split(layers, pp, v) is not None]
+        near = sorted({max((v for v in ok if v < vpp), default=0), *[v for v in ok if v > vpp][:1]} - {0})
+        if o.first_stage_layers is not None or o.last_stage_layers is not None:
+            named = {"first": o.first_stage_layers, "last": o.last_stage_layers}
+            pinned = {0} if o.first_stage_layers is not None else set()
+            pinned |= {pp - 1} if o.last_stage_layers is not None else set()
+            middle = [n for i, n in enumerate(split) if i not in pinned]
+            counts = [f"{k} stage {n}" for k, n in named.items() if n is not None]
+            counts += [f"middle stages {middle[0]} each"] if middle else []
+            arithmetic = f"the stages' layers ({', '.join(counts)}) must each divide by VPP {vpp}"
+        else:
+            share = split[1] if pp > 2 else split[0] + o.account_for_embedding
+            arithmetic = (
+                f"each stage's share of the layers with the embedding / loss counted, {share}, must divide by "
+                f"VPP {vpp} ({share} % {vpp} = {share % vpp})"
+            )
+        return Violation(
+            field=_field(p, "megatron_vpp"),
+            rule="megatron-layers-divisible",
+            message=f"the pinned pipeline split on PP {pp}: {arithmetic}",
+            suggestions=[f"use VPP {_or(near)}"] if near else ["unset the virtual pipeline size"],
+        )
     if o.first_stage_layers is not None or o.last_stage_layers is not None:
         inner = layers - (o.first_stage_layers or 0) - (o.last_stage_layers or 0)
         rest = pp - (o.first_stage_layers is not None) - (o.last_stage_layers is not None)
