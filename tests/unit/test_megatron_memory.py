@@ -244,3 +244,47 @@ def test_more_gpus_shrink_the_estimate_of_a_moe_job() -> None:
     large = estimate(inputs(QWEN235, meg(world=256, options=no_offload), param_offload=False))
     assert large.train.peak_bytes < small.train.peak_bytes
     assert large.rollout.peak_bytes < small.rollout.peak_bytes
+
+
+def test_megatron_lora_trains_the_adapters_only() -> None:
+    """verl 0.9's Megatron LoRA (Megatron-Bridge PEFT): the base weights are frozen bf16, gradients and the
+    optimizer cover the adapters, and the reference is the actor without its adapters (no second copy)."""
+    shape = QWEN7.shape
+    full = meg(world=8, tp=2, pp=1, ep=1, options=MegatronOptions())
+    lora = meg(world=8, tp=2, pp=1, ep=1, options=MegatronOptions(lora_rank=16, lora_targets=("linear_qkv",)))
+    (st_full,) = megatron_memory.stages(shape, full)
+    (st,) = megatron_memory.stages(shape, lora)
+    h, q, k = shape.hidden_size, shape.attention_heads * shape.effective_head_dim, shape.kv_heads * 128
+    assert st.adapter_params == pytest.approx(16 * shape.layers * (h + q + 2 * k) / 2)
+    assert st.params == pytest.approx(st_full.params + st.adapter_params)
+    parts = megatron_memory.train_parts(shape, lora, st, 1000, 4096, False, True)
+    assert parts["gradients"] == pytest.approx(4 * st.adapter_params)
+    assert parts["optimizer"] == pytest.approx(12 * st.adapter_params / 4)  # DP 4
+    assert parts["actorWeights"] == pytest.approx(2 * st.params)
+    assert "ref" not in parts
+    assert "ref" in megatron_memory.train_parts(shape, full, st_full, 1000, 4096, False, True)
+    # every default target: the MLP's two projections add rank x (h + 2I) and rank x (I + h) per layer
+    every = meg(
+        world=8,
+        tp=2,
+        pp=1,
+        ep=1,
+        options=MegatronOptions(lora_rank=16, lora_targets=megatron_memory.LORA_TARGETS),
+    )
+    (st_every,) = megatron_memory.stages(shape, every)
+    i = shape.intermediate_size
+    mlp = 16 * shape.layers * ((h + 2 * i) + (i + h)) / 2
+    attention = 16 * shape.layers * ((h + q + 2 * k) + (q + h)) / 2
+    assert st_every.adapter_params == pytest.approx(mlp + attention)
+
+
+def test_megatron_lora_experts_split_over_ep() -> None:
+    shape = QWEN235.shape
+    m = meg(
+        options=MegatronOptions(
+            account_for_embedding=True, account_for_loss=True, lora_rank=8, lora_targets=("linear_fc1",)
+        )
+    )
+    second = megatron_memory.stages(shape, m)[1]
+    moe_i = shape.moe_intermediate_size
+    assert second.adapter_params == pytest.approx(8 * 12 * 128 * (shape.hidden_size + 2 * moe_i) / 4)

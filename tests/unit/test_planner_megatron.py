@@ -434,3 +434,19 @@ def test_the_launcher_runs_the_megatron_config() -> None:
     argv = build_argv(launch, 0)
     assert argv[:4] == ["python3", "-m", "verl.trainer.main_ppo", "--config-name=ppo_megatron_trainer"]
     assert f"{TP_KEY}={result.plan.training.tensor_parallel_size}" in argv  # type: ignore[union-attr]
+
+
+def test_megatron_lora_plans_with_a_frozen_base() -> None:
+    """``model.lora.rank`` (verl 0.9's Megatron LoRA): the update keeps no optimizer state or gradients for
+    the base weights and no reference copy, as verl's own ``examples/grpo_trainer/run_qwen2-7b_math_megatron_lora.sh``
+    pins it."""
+    kl = f"{ARR}.actor.use_kl_loss=True"
+    full = plan_job(make_spec(8, overrides=["--config-name=ppo_megatron_trainer", kl]), make_nodes(1))
+    lora = plan_job(
+        make_spec(8, overrides=["--config-name=ppo_megatron_trainer", kl, f"{ARR}.model.lora.rank=256"]),
+        make_nodes(1),
+    )
+    assert full.plan is not None and lora.plan is not None, (full.violations, lora.violations)
+    f, q = full.plan.memory.train.parts_gib, lora.plan.memory.train.parts_gib
+    assert "ref" in f and "ref" not in q
+    assert q["optimizer"] < f["optimizer"] / 10 and q["gradients"] < f["gradients"] / 5

@@ -326,6 +326,19 @@ MEGATRON_ROWS: tuple[SettingRow, ...] = (
         f"{ARR}.actor.megatron.override_transformer_config.recompute_modules",
     ),
     _read(
+        "megatron_lora_rank",
+        "int",
+        "verl 0.9's Megatron LoRA rank (Megatron-Bridge PEFT; 0: full fine-tuning).",
+        f"{ARR}.model.lora.rank",
+        bounds=_int(0, L.MAX_HIDDEN),
+    ),
+    _read(
+        "megatron_lora_targets",
+        "any",
+        "The linear layers verl 0.9's Megatron LoRA adapts.",
+        f"{ARR}.model.lora.target_modules",
+    ),
+    _read(
         "megatron_moe_grouped_gemm",
         "bool",
         "megatron-core's grouped GEMM for the experts (verl's MoE model converters turn it on).",

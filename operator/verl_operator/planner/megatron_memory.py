@@ -91,6 +91,10 @@ class MegatronOptions:
     recompute_modules: tuple[str, ...] | None = None
     moe_grouped_gemm: bool | None = None
     moe_shared_expert_overlap: bool = False
+    #: ``actor_rollout_ref.model.lora.rank`` (verl 0.9's Megatron LoRA, Megatron-Bridge's PEFT: the base
+    #: weights frozen, the adapters of ``lora.target_modules`` trained) and those modules.
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
     ref_param_offload: bool = False
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
@@ -150,6 +154,9 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 DEFAULT_MODULES = ("core_attn",)
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
+#: Megatron-Bridge's LoRA target modules that the memory model counts, verl 0.9.1's default
+#: (``trainer/config/_generated_ppo_megatron_trainer.yaml`` ``model.lora.target_modules``).
+LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 #: ``MegatronOptions`` field -> the registry setting it is read from (``api/settings_registry.py``).
 OPTION_SETTINGS = {
@@ -160,6 +167,8 @@ OPTION_SETTINGS = {
     "recompute_method": "megatron_recompute_method",
     "recompute_num_layers": "megatron_recompute_num_layers",
     "recompute_modules": "megatron_recompute_modules",
+    "lora_rank": "megatron_lora_rank",
+    "lora_targets": "megatron_lora_targets",
     "moe_grouped_gemm": "megatron_moe_grouped_gemm",
     "moe_shared_expert_overlap": "megatron_moe_shared_expert_overlap",
     "ref_param_offload": "megatron_ref_param_offload",
@@ -201,6 +210,8 @@ def options_of(r: Reader) -> MegatronOptions:
         recompute_method=None if method in (None, "null", "None") else method,
         recompute_num_layers=r.get_int(OPTION_SETTINGS["recompute_num_layers"], reads=True),
         recompute_modules=modules,
+        lora_rank=r.get_int(OPTION_SETTINGS["lora_rank"], reads=True) or 0,
+        lora_targets=r.get_strings(OPTION_SETTINGS["lora_targets"], reads=True) or LORA_TARGETS,
         moe_grouped_gemm=r.get_bool(OPTION_SETTINGS["moe_grouped_gemm"], reads=True),
         moe_shared_expert_overlap=bool(r.get_bool(OPTION_SETTINGS["moe_shared_expert_overlap"], reads=True)),
         ref_param_offload=bool(r.get_bool(OPTION_SETTINGS["ref_param_offload"], reads=True)),
@@ -471,11 +482,13 @@ class Stage:
     moe_layers: int
     first: bool
     last: bool
+    #: LoRA adapters on one GPU (0 without LoRA): the only trained parameters then.
+    adapter_params: float = 0.0
 
     @property
     def params(self) -> float:
-        """All of the stage's parameters on one GPU."""
-        return self.dense_params + self.expert_params
+        """All of the stage's parameters on one GPU (with LoRA, the frozen base and the adapters)."""
+        return self.dense_params + self.expert_params + self.adapter_params
 
 
 def stages(shape: ModelShape, mm: MegatronMemory) -> list[Stage]:
@@ -517,10 +530,40 @@ def _stages(
                     moe_layers=moe,
                     first=index == 0,
                     last=index == mm.pp - 1,
+                    adapter_params=_adapters(shape, options, layers, dense, moe, mm.tp, mm.ep * mm.etp),
                 )
             )
         start = end
     return tuple(out)
+
+
+def _adapters(
+    shape: ModelShape, o: MegatronOptions, layers: int, dense: int, moe: int, tp: int, experts_split: int
+) -> float:
+    """LoRA adapter parameters of a stage on one GPU: ``rank x (in + out)`` per targeted linear layer (the
+    attention's QKV and output projections, each dense MLP's and each expert's two projections), the dense
+    ones over TP and the experts' over ``EP x ETP``."""
+    r = o.lora_rank
+    if r <= 0:
+        return 0.0
+    h, q = shape.hidden_size, shape.attention_heads * shape.effective_head_dim
+    k = shape.kv_heads * shape.effective_head_dim
+    t = set(o.lora_targets)
+    attention = ("linear_qkv" in t) * (h + q + 2 * k) + ("linear_proj" in t) * (q + h)
+
+    def mlp(i: int) -> int:
+        return ("linear_fc1" in t) * (h + 2 * i) + ("linear_fc2" in t) * (i + h)
+
+    moe_i = shape.moe_intermediate_size or shape.intermediate_size
+    shared = mlp(moe_i * shape.shared_experts) if shape.shared_experts else 0
+    on_tp = layers * attention + dense * mlp(shape.intermediate_size) + moe * shared
+    routed = moe * (shape.num_experts or 0) * mlp(moe_i)
+    return r * (on_tp / tp + routed / experts_split)
+
+
+def _trained(st: Stage) -> float:
+    """The stage's parameters with gradients and optimizer state on one GPU: the adapters under LoRA."""
+    return st.adapter_params if st.adapter_params else st.params
 
 
 def optimizer_state(mm: MegatronMemory, st: Stage) -> float:
@@ -530,6 +573,8 @@ def optimizer_state(mm: MegatronMemory, st: Stage) -> float:
 
 def _optimizer(mm: MegatronMemory, st: Stage) -> float:
     """The distributed optimizer's state of the stage on one GPU (before any CPU offload)."""
+    if st.adapter_params:
+        return mm.options.optimizer_bytes * st.adapter_params / mm.dp
     return mm.options.optimizer_bytes * (st.dense_params / mm.dp + st.expert_params / mm.expert_dp)
 
 
@@ -539,10 +584,10 @@ def resident_parts(mm: MegatronMemory, st: Stage, param_offload: bool, ref: bool
     parts = {
         "actorWeights": 0.0 if param_offload else WEIGHT_BYTES * st.params,
         # verl's offload of the model frees the grad buffer too (0.6.1 ``utils/megatron_utils.py`` line 350).
-        "gradients": 0.0 if o.grad_offload or param_offload else GRAD_BYTES * st.params,
+        "gradients": 0.0 if o.grad_offload or param_offload else GRAD_BYTES * _trained(st),
         "optimizer": o.gpu_optimizer_share * _optimizer(mm, st) * _resident_share(mm),
     }
-    if ref and not o.ref_param_offload:
+    if ref and not o.ref_param_offload and not o.lora_rank:  # LoRA's reference is the actor without adapters
         parts["ref"] = WEIGHT_BYTES * st.params
     return parts
 
@@ -601,10 +646,10 @@ def train_parts(
     t = tokens / mm.cp
     state = {
         "actorWeights": WEIGHT_BYTES * st.params,
-        "gradients": GRAD_BYTES * st.params,
+        "gradients": GRAD_BYTES * _trained(st),
         "optimizer": o.gpu_optimizer_share * _optimizer(mm, st),
     }
-    if ref and not o.ref_param_offload:
+    if ref and not o.ref_param_offload and not o.lora_rank:
         state["ref"] = WEIGHT_BYTES * st.params
     savings = selective_savings(shape, o)
     kept, recompute = kept_layer_bytes(mm, st, a, shape.hidden_size, t, savings)
