@@ -68,6 +68,8 @@ MEGATRON_FIELDS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = (
     (re.compile(r"num_attention_heads|num_query_groups"), ("tensorparallel", "tensormodelparallel")),
     (re.compile(r"interleaved|virtual"), ("virtualpipeline", "pipelineparallel", "pipelinemodelparallel")),
     (re.compile(r"recompute"), ("recompute",)),
+    (re.compile(r"use_mbridge"), ("usembridge",)),
+    (re.compile(r"dynamic_context_parallel|Dynamic CP"), ("removepadding", "padtolength", "virtualpipeline")),
     (re.compile(r"layers|pipeline"), ("pipelineparallel", "pipelinemodelparallel", "overrides")),
     (re.compile(r"expert"), ("expert",)),
     (re.compile(r"mini_batch|mini-batch|ppo_mini_batch_size"), ("minibatchsize", "trainbatchsize")),
@@ -153,7 +155,7 @@ def _set(overrides: list[str], key: str, value: Any) -> list[str]:
     return [*kept, *(f"{k}={value}" for k in sorted(keys))]
 
 
-def megatron_variants(row: dict[str, Any], shape: dict[str, Any]) -> list[tuple[str, list[str]]]:
+def megatron_variants(row: dict[str, Any], shape: dict[str, Any], line: str) -> list[tuple[str, list[str]]]:
     """Variants of a row that break one Megatron rule: ``(name, overrides)``.
 
     ``tp-heads``: a TP that divides the GPUs of a node but not the attention or KV heads (megatron-core's
@@ -161,7 +163,9 @@ def megatron_variants(row: dict[str, Any], shape: dict[str, Any]) -> list[tuple[
     (``get_num_layers_to_build``), with the script's TP set to 1; ``vpp-pp1``: a virtual pipeline size with PP 1
     (``initialize_model_parallel``); ``mp-world``: TP x PP not dividing the world; ``mini-dp``: a mini-batch
     below Megatron's DP; ``recompute-module``: selective recompute naming a submodule megatron-core lacks;
-    ``recompute-selective-layers``: selective recompute with ``recompute_num_layers`` (``TransformerConfig``).
+    ``recompute-selective-layers``: selective recompute with ``recompute_num_layers`` (``TransformerConfig``);
+    on verl 0.9 ``mbridge-off``: ``use_mbridge=False`` and ``dynamic-cp-padding``: dynamic context
+    parallelism with ``use_remove_padding=False`` (the Megatron engine's constructor).
     """
     overrides = list(row["overrides"])
     per_node, world = row["n_gpus_per_node"] or 8, (row["nnodes"] or 1) * (row["n_gpus_per_node"] or 8)
@@ -196,6 +200,10 @@ def megatron_variants(row: dict[str, Any], shape: dict[str, Any]) -> list[tuple[
     selective = [*plain, f"{tc}.recompute_granularity=selective"]
     out.append(("recompute-module", [*selective, f"{tc}.recompute_modules=[core_attn,layernorms]"]))
     out.append(("recompute-selective-layers", [*selective, f"{tc}.recompute_num_layers=1"]))
+    if line != "0.6":
+        out.append(("mbridge-off", _set(base, f"{m}.use_mbridge", False)))
+        dcp = [f"{m}.dynamic_context_parallel=True", f"{m}.use_remove_padding=False"]
+        out.append(("dynamic-cp-padding", [*base, *dcp]))
     n = _int(overrides, f"{ARR}.rollout.n", 1)
     dp = world // max(1, _int(base, f"{m}.tensor_model_parallel_size", 1))
     if dp > n and dp > 1:
@@ -267,7 +275,7 @@ def megatron_corpus(verl_runners: dict[str, VerlRunner]) -> dict[str, dict[str, 
             case_for(by_id[c.row_id], line, overrides, f"~{name}")
             for c, r, _, v in scripts
             if r is not None and r.ok and c.shape is not None
-            for name, overrides in megatron_variants(by_id[c.row_id], c.shape)
+            for name, overrides in megatron_variants(by_id[c.row_id], c.shape, line)
         ]
         out[release] = {"scripts": scripts, "variants": _judge_all(variants, verl_runners[release])}
     return out

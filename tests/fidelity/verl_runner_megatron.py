@@ -5,8 +5,9 @@ The checks, in the order a Megatron worker meets them (each raises ``CheckFailed
 
 1. ``megatron_engine`` (verl 0.9 only): the asserts of the engine worker and the Megatron engine's
    constructor that read only the config: ``actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz``
-   (0.9.1 ``workers/engine_workers.py`` line 616) and ``use_mbridge must be True``
-   (0.9.1 ``workers/engine/megatron/transformer_impl.py`` line 191).
+   (0.9.1 ``workers/engine_workers.py`` line 616), ``use_mbridge must be True``
+   (0.9.1 ``workers/engine/megatron/transformer_impl.py`` line 191) and dynamic context parallelism's
+   (``_check_dcp_unsupported_features``, lines 111-124: padding removed, no bucket padding, no VPP).
 2. ``megatron_parallel_state``: the arithmetic of megatron-core's ``parallel_state.initialize_model_parallel``,
    which both releases call with the actor's ``megatron`` sizes (0.6.1 ``workers/megatron_workers.py`` lines
    210-219; 0.9.1 ``transformer_impl.py`` lines 271-281). The function itself needs ``torch.distributed``
@@ -106,6 +107,15 @@ def _engine(version: str, config: Any) -> None:
         )
     if not arr.actor.megatron.get("use_mbridge", True):
         raise AssertionError("use_mbridge must be True")
+    # _check_dcp_unsupported_features (0.9.1 transformer_impl.py lines 111-124), called by the constructor
+    megatron = arr.actor.megatron
+    if megatron.get("dynamic_context_parallel", False):
+        if not megatron.get("use_remove_padding", True):
+            raise ValueError("dynamic_context_parallel requires use_remove_padding=True")
+        if megatron.get("pad_to_length", False):
+            raise NotImplementedError("dynamic_context_parallel does not support pad_to_length")
+        if megatron.get("virtual_pipeline_model_parallel_size") not in (None, 1):
+            raise NotImplementedError("Dynamic CP does not support virtual pipeline parallelism")
 
 
 def _parallel_state(world: int, s: dict[str, Any]) -> int:

@@ -193,3 +193,70 @@ def test_selective_recompute_lowers_the_1f1b_activations_and_recomputes_one_laye
     dispatch = 2 * per_tp * 8 * shape.hidden_size * 2
     assert moe_parts["moeRouting"] == pytest.approx(dispatch)
     assert dispatch < plain_parts["moeRouting"]
+
+
+M = "actor_rollout_ref.actor.megatron"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "rule", "field"),
+    [
+        pytest.param([f"{M}.use_mbridge=False"], "megatron-mbridge", "use_mbridge", id="mbridge-off"),
+        pytest.param(
+            [f"{M}.dynamic_context_parallel=True", f"{M}.use_remove_padding=False"],
+            "megatron-dynamic-cp",
+            "use_remove_padding",
+            id="dcp-with-padding",
+        ),
+        pytest.param(
+            [f"{M}.dynamic_context_parallel=True", f"{M}.pad_to_length=True"],
+            "megatron-dynamic-cp",
+            "pad_to_length",
+            id="dcp-with-bucket-padding",
+        ),
+        pytest.param(
+            [
+                f"{M}.dynamic_context_parallel=True",
+                f"{M}.pipeline_model_parallel_size=2",
+                f"{M}.virtual_pipeline_model_parallel_size=2",
+            ],
+            "megatron-dynamic-cp",
+            "virtual_pipeline_model_parallel_size",
+            id="dcp-with-vpp",
+        ),
+    ],
+)
+def test_verl_0_9_megatron_engine_checks(overrides: list[str], rule: str, field: str) -> None:
+    """What verl 0.9.1's Megatron engine asserts when it is built (``transformer_impl.py`` lines 111-124, 191)."""
+    spec = make_spec(8, overrides=["--config-name=ppo_megatron_trainer", *overrides])
+    result = plan_job(spec, make_nodes(1))
+    assert not result.feasible
+    (v,) = [v for v in result.violations if v.rule == rule]
+    assert v.field.endswith(f"{M}.{field})"), v
+
+
+def test_verl_0_6_builds_megatron_without_mbridge() -> None:
+    spec = make_spec(
+        8,
+        verl={"image": "example.com/verl:0.6.1", "version": "0.6"},
+        overrides=["--config-name=ppo_megatron_trainer", f"{M}.use_mbridge=False"],
+    )
+    assert plan_job(spec, make_nodes(1)).feasible
+
+
+def test_the_search_picks_no_vpp_with_dynamic_cp() -> None:
+    """Qwen2.5-72B on 4 x 8 H100: the search takes PP 2 with VPP 2, and no VPP with dynamic CP."""
+
+    def mesh(*overrides: str) -> tuple[int, int, int | None]:
+        spec = make_spec(
+            32,
+            model="Qwen/Qwen2.5-72B-Instruct",
+            overrides=["--config-name=ppo_megatron_trainer", *overrides],
+        )
+        result = plan_job(spec, make_nodes(4))
+        assert result.plan is not None and result.plan.training is not None, result.violations
+        t = result.plan.training
+        return t.tensor_parallel_size, t.pipeline_parallel_size, t.virtual_pipeline_parallel_size
+
+    assert mesh() == (8, 2, 2)
+    assert mesh(f"{M}.dynamic_context_parallel=True") == (8, 2, None)

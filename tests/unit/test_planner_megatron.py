@@ -14,6 +14,7 @@ from verl_operator.manifests.launchspec import LaunchPlan, entrypoint
 from verl_operator.planner import megatron, rules, rules_megatron
 from verl_operator.planner.inputs import Problem, Settings
 from verl_operator.planner.job import plan_job
+from verl_operator.planner.megatron_memory import MegatronOptions
 from verl_operator.planner.mesh import Mesh
 
 ARR = "actor_rollout_ref"
@@ -190,6 +191,20 @@ MEGATRON_CASES = [
     ),
     pytest.param(rules_megatron.megatron_dtype, {"dtype": "bfloat16"}, {}, None, id="dtype-bf16-ok"),
     pytest.param(rules_megatron.megatron_dtype, {"dtype": "float16"}, {}, "megatron-dtype", id="dtype-fp16"),
+    pytest.param(
+        rules_megatron.dynamic_cp_vpp,
+        {"megatron_options": MegatronOptions(dynamic_cp=True)},
+        {"megatron_pp": 2},
+        None,
+        id="dynamic-cp-without-vpp-ok",
+    ),
+    pytest.param(
+        rules_megatron.dynamic_cp_vpp,
+        {"megatron_options": MegatronOptions(dynamic_cp=True)},
+        {"megatron_pp": 2, "megatron_vpp": 2},
+        "megatron-dynamic-cp",
+        id="dynamic-cp-with-vpp",
+    ),
     # The batch rules on Megatron's DP = world / (TP x PP x CP): 8 / (2 x 2) = 2 ranks.
     pytest.param(
         rules.mini_batch_per_gpu,

@@ -326,6 +326,36 @@ MEGATRON_ROWS: tuple[SettingRow, ...] = (
         f"{ARR}.actor.megatron.override_transformer_config.recompute_modules",
     ),
     _read(
+        "megatron_use_mbridge",
+        "bool",
+        "The actor's Megatron model built through Megatron-Bridge (verl 0.9's engine requires it).",
+        f"{ARR}.actor.megatron.use_mbridge",
+    ),
+    _read(
+        "megatron_critic_use_mbridge",
+        "bool",
+        "The critic's Megatron model built through Megatron-Bridge.",
+        "critic.megatron.use_mbridge",
+    ),
+    _read(
+        "megatron_dynamic_cp",
+        "bool",
+        "verl 0.9's dynamic context parallelism of the Megatron actor.",
+        f"{ARR}.actor.megatron.dynamic_context_parallel",
+    ),
+    _read(
+        "megatron_remove_padding",
+        "bool",
+        "The Megatron actor packs sequences without padding (verl 0.9's engine setting).",
+        f"{ARR}.actor.megatron.use_remove_padding",
+    ),
+    _read(
+        "megatron_pad_to_length",
+        "bool",
+        "The Megatron actor rounds each packed micro-batch up to a bucket length.",
+        f"{ARR}.actor.megatron.pad_to_length",
+    ),
+    _read(
         "megatron_lora_rank",
         "int",
         "verl 0.9's Megatron LoRA rank (Megatron-Bridge PEFT; 0: full fine-tuning).",

@@ -30,6 +30,7 @@ from verl_operator.api.spec import ModelShape
 from verl_operator.planner import arith
 from verl_operator.planner.inputs import Fixed, Settings
 from verl_operator.planner.megatron_memory import MegatronOptions
+from verl_operator.planner.reader import Reader
 
 ENGINES = ("fsdp", "megatron")
 #: verl's Hydra config of each engine (``--config-name``; main_ppo's default is ``ppo_trainer``).
@@ -284,11 +285,54 @@ def _stages_split(shape: ModelShape, pp: int, options: MegatronOptions) -> bool:
     return layers_allow_pp(shape, pp) or (options.uneven and options.split(shape.layers, pp) is not None)
 
 
+def check_engine(r: Reader, version: str, needs_critic: bool) -> list[Violation]:
+    """What verl 0.9's Megatron engine asserts of its config when it is built, the GPUs already held: the model
+    built through Megatron-Bridge (0.9.1 ``workers/engine/megatron/transformer_impl.py`` line 191, for the
+    actor and the critic), and dynamic context parallelism with padding removed and no bucket padding (lines
+    113-118; with no virtual pipeline, lines 123-124: the rule ``megatron-dynamic-cp``). verl 0.6 builds its
+    Megatron workers otherwise (``use_mbridge`` off by default there)."""
+    if version == "0.6":
+        return []
+    out = []
+    for name in ("megatron_use_mbridge", "megatron_critic_use_mbridge"):
+        pin = r.reads.get(name)
+        if pin is None or r.get_bool(name, reads=True) is not False:
+            continue
+        if name == "megatron_critic_use_mbridge" and not needs_critic:
+            continue
+        out.append(
+            Violation(
+                field=pin.source,
+                rule="megatron-mbridge",
+                message="verl 0.9's Megatron engine builds the model through Megatron-Bridge: use_mbridge must be True",
+                suggestions=["drop the override (True is verl's default)"],
+            )
+        )
+    dcp = r.reads.get("megatron_dynamic_cp")
+    if dcp is None or r.get_bool("megatron_dynamic_cp", reads=True) is not True:
+        return out
+    for name, bad, why in (
+        ("megatron_remove_padding", False, "dynamic_context_parallel requires use_remove_padding=True"),
+        ("megatron_pad_to_length", True, "dynamic_context_parallel does not support pad_to_length"),
+    ):
+        pin = r.reads.get(name)
+        if pin is not None and r.get_bool(name, reads=True) is bad:
+            out.append(
+                Violation(
+                    field=pin.source,
+                    rule="megatron-dynamic-cp",
+                    message=why,
+                    suggestions=[f"drop the override, or dynamic_context_parallel ({dcp.source})"],
+                )
+            )
+    return out
+
+
 def _default_vpp(shape: ModelShape, pp: int, fixed: Fixed, options: MegatronOptions) -> int | None:
     """VPP 2 for a PP the search chose (> 1) whose layers split into ``PP x 2`` equal virtual stages, else
     unset (a pinned PP keeps verl's default, no interleaving; nor is one chosen for an uneven split: a pinned
     VPP is checked against each of its stages, ``megatron_memory.stage_layers``)."""
-    if fixed.megatron_pp is not None or pp <= 1 or options.uneven:
+    if fixed.megatron_pp is not None or pp <= 1 or options.uneven or options.dynamic_cp:
         return None
     return 2 if shape.layers % (pp * 2) == 0 else None
 

@@ -95,6 +95,8 @@ class MegatronOptions:
     #: weights frozen, the adapters of ``lora.target_modules`` trained) and those modules.
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
+    #: verl 0.9's ``megatron.dynamic_context_parallel`` (no virtual pipeline with it).
+    dynamic_cp: bool = False
     ref_param_offload: bool = False
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
@@ -169,6 +171,7 @@ OPTION_SETTINGS = {
     "recompute_modules": "megatron_recompute_modules",
     "lora_rank": "megatron_lora_rank",
     "lora_targets": "megatron_lora_targets",
+    "dynamic_cp": "megatron_dynamic_cp",
     "moe_grouped_gemm": "megatron_moe_grouped_gemm",
     "moe_shared_expert_overlap": "megatron_moe_shared_expert_overlap",
     "ref_param_offload": "megatron_ref_param_offload",
@@ -211,6 +214,7 @@ def options_of(r: Reader) -> MegatronOptions:
         recompute_num_layers=r.get_int(OPTION_SETTINGS["recompute_num_layers"], reads=True),
         recompute_modules=modules,
         lora_rank=r.get_int(OPTION_SETTINGS["lora_rank"], reads=True) or 0,
+        dynamic_cp=bool(r.get_bool(OPTION_SETTINGS["dynamic_cp"], reads=True)),
         lora_targets=r.get_strings(OPTION_SETTINGS["lora_targets"], reads=True) or LORA_TARGETS,
         moe_grouped_gemm=r.get_bool(OPTION_SETTINGS["moe_grouped_gemm"], reads=True),
         moe_shared_expert_overlap=bool(r.get_bool(OPTION_SETTINGS["moe_shared_expert_overlap"], reads=True)),

@@ -355,6 +355,22 @@ def megatron_dtype(p: Problem, mesh: Mesh) -> list[Violation]:
     ]
 
 
+def dynamic_cp_vpp(p: Problem, mesh: Mesh) -> list[Violation]:
+    """verl 0.9's dynamic context parallelism takes no virtual pipeline (0.9.1
+    ``workers/engine/megatron/transformer_impl.py`` lines 123-124, when the engine is built)."""
+    vpp = mesh.settings.megatron_vpp
+    if not _on(p, mesh) or not p.megatron_options.dynamic_cp or vpp in (None, 1):
+        return []
+    return [
+        Violation(
+            field=_field(p, "megatron_vpp"),
+            rule="megatron-dynamic-cp",
+            message=f"dynamic_context_parallel does not support a virtual pipeline (VPP {vpp})",
+            suggestions=["unset the virtual pipeline size, or dynamic_context_parallel"],
+        )
+    ]
+
+
 #: The Megatron rules, in the order their violations are reported.
 RULES: tuple[Rule, ...] = (
     world_divisible,
@@ -366,6 +382,7 @@ RULES: tuple[Rule, ...] = (
     tp_nvlink,
     minimal_batch,
     megatron_dtype,
+    dynamic_cp_vpp,
 )
 
 
