@@ -103,7 +103,7 @@ def layers_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
     schedule ``num_layers_per_pipeline_rank // virtual_pipeline_model_parallel_size``; verl's scripts that
     pin uneven first/last stages set ``override_transformer_config.num_layers_in_first_pipeline_stage``,
     or the embedding and loss as layers, ``account_for_*_in_pipeline_split``: an uneven split that
-    ``megatron_memory.stage_layers`` builds is accepted without VPP)."""
+    ``megatron_memory.stage_layers`` builds is accepted, with VPP when each stage's layers divide by it)."""
     if not _on(p, mesh):
         return []
     s = mesh.settings
