@@ -18,6 +18,8 @@ TC = "actor_rollout_ref.actor.megatron.override_transformer_config"
 MOE = "Qwen/Qwen3-30B-A3B-Base"
 DENSE = "Qwen/Qwen2.5-7B-Instruct"
 SELECTIVE = f"{TC}.recompute_granularity=selective"
+ARR = "actor_rollout_ref"
+V06 = {"image": "example.com/verl:0.6.1", "version": "0.6"}
 
 
 def _plan(model: str, *overrides: str) -> PlanResult:
@@ -238,7 +240,7 @@ def test_verl_0_9_megatron_engine_checks(overrides: list[str], rule: str, field:
 def test_verl_0_6_builds_megatron_without_mbridge() -> None:
     spec = make_spec(
         8,
-        verl={"image": "example.com/verl:0.6.1", "version": "0.6"},
+        verl=V06,
         overrides=["--config-name=ppo_megatron_trainer", f"{M}.use_mbridge=False"],
     )
     assert plan_job(spec, make_nodes(1)).feasible
@@ -260,3 +262,29 @@ def test_the_search_picks_no_vpp_with_dynamic_cp() -> None:
 
     assert mesh() == (8, 2, 2)
     assert mesh(f"{M}.dynamic_context_parallel=True") == (8, 2, None)
+
+
+@pytest.mark.parametrize(
+    ("verl", "overrides", "refused"),
+    [
+        pytest.param(None, [f"{ARR}.model.lora_rank=32"], True, id="fsdp-key-0.9"),
+        # verl 0.6.1's Megatron model config refuses the key itself
+        pytest.param(V06, [f"+{ARR}.model.lora_rank=32"], True, id="fsdp-key-0.6"),
+        pytest.param(
+            None, [f"{ARR}.model.lora_rank=32", f"{ARR}.model.lora.rank=32"], False, id="both-keys-0.9"
+        ),
+        pytest.param(None, [f"{ARR}.model.lora.rank=32"], False, id="megatron-lora-0.9"),
+    ],
+)
+def test_the_fsdp_lora_key_is_refused_with_megatron(
+    verl: dict[str, str] | None, overrides: list[str], refused: bool
+) -> None:
+    """With model.lora_rank verl's Megatron workers train every weight and verl builds no reference model."""
+    kw = {"verl": verl} if verl else {}
+    result = plan_job(
+        make_spec(8, overrides=["--config-name=ppo_megatron_trainer", *overrides], **kw), make_nodes(1)
+    )
+    assert result.feasible is not refused, result.violations
+    found = [v for v in result.violations if v.rule == "megatron-lora"]
+    if refused and verl is None:
+        assert found[0].field.endswith(f"{ARR}.model.lora_rank)") and found[0].suggestions

@@ -290,10 +290,17 @@ def check_engine(r: Reader, version: str, needs_critic: bool) -> list[Violation]
     built through Megatron-Bridge (0.9.1 ``workers/engine/megatron/transformer_impl.py`` line 191, for the
     actor and the critic), and dynamic context parallelism with padding removed and no bucket padding (lines
     113-118; with no virtual pipeline, lines 123-124: the rule ``megatron-dynamic-cp``). verl 0.6 builds its
-    Megatron workers otherwise (``use_mbridge`` off by default there)."""
+    Megatron workers otherwise (``use_mbridge`` off by default there).
+
+    The FSDP engine's ``model.lora_rank`` is refused with Megatron unless ``model.lora.rank`` is on too
+    (rule ``megatron-lora``): the Megatron engine ignores it and trains every weight, while the trainer, seeing
+    a LoRA rank, builds no reference model and asks the actor for the reference log-probs, which fails once
+    the first rollout is done (0.9.1 ``trainer/ppo/v1/trainer_base.py`` lines 234-237 and
+    ``workers/engine/megatron/transformer_impl.py`` line 1128: no PEFT to disable). verl 0.6.1's Megatron
+    model config has no ``lora_rank`` (its dataclass refuses the key)."""
     if version == "0.6":
         return []
-    out = []
+    out = _lora_key(r)
     for name in ("megatron_use_mbridge", "megatron_critic_use_mbridge"):
         pin = r.reads.get(name)
         if pin is None or r.get_bool(name, reads=True) is not False:
@@ -326,6 +333,28 @@ def check_engine(r: Reader, version: str, needs_critic: bool) -> list[Violation]
                 )
             )
     return out
+
+
+def _lora_key(r: Reader) -> list[Violation]:
+    """:func:`check_engine`'s ``megatron-lora``."""
+    pin = r.reads.get("lora_rank")
+    if pin is None or not r.get_int("lora_rank", reads=True):
+        return []
+    if (r.get_int("megatron_lora_rank", reads=True) or 0) > 0:
+        return []  # Megatron-Bridge's LoRA is on; the FSDP key is then only read for ref_in_actor
+    suggestion = f"use actor_rollout_ref.model.lora.rank={pin.value} (verl's Megatron LoRA) instead"
+    return [
+        Violation(
+            field=pin.source,
+            rule="megatron-lora",
+            message=(
+                "model.lora_rank is the FSDP engine's LoRA: verl's Megatron engine ignores it and trains every "
+                "weight, and with a LoRA rank verl builds no reference model, so the first reference log-prob "
+                "pass fails"
+            ),
+            suggestions=[suggestion],
+        )
+    ]
 
 
 def _default_vpp(shape: ModelShape, pp: int, fixed: Fixed, options: MegatronOptions) -> int | None:
