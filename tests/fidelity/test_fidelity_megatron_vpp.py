@@ -11,16 +11,11 @@ megatron-core 0.14.0 (``verl_runner_megatron.py``) and planned: verl and the pla
 
 from __future__ import annotations
 
-import csv
 import json
-from pathlib import Path
 
-from plan_sample import make_node
+from test_memory_evidence import evidence_rows, plan_row
 from verl_client import CheckRequest, VerlRunner
 
-from verl_operator.api.plan import PlanResult
-
-DATA = Path(__file__).parent / "data" / "memory-evidence.csv"
 MAIN = ("python3", "-m", "verl.trainer.main_ppo")
 VPP_KEY = "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size"
 #: The rows: Qwen3-235B-A22B on 32 H20 (embedding and loss accounted), DeepSeek-V3 on 96 H20 (last stage 6).
@@ -32,28 +27,8 @@ VPPS = (2, 3, 4, 5, 6)
 
 
 def _rows() -> list[dict[str, str]]:
-    with DATA.open() as handle:
-        rows = list(csv.DictReader(handle))
+    rows = evidence_rows()
     return [next(r for r in rows if marker in r["id"]) for marker in ROWS]
-
-
-def _plan(row: dict[str, str], overrides: list[str]) -> PlanResult:
-    from verl_operator.api.spec import VerlJobSpec
-    from verl_operator.planner import plan_job
-
-    nnodes, per_node = int(row["nnodes"]), int(row["gpus_per_node"])
-    nodes = [
-        make_node(f"e{i}", per_node, row["gpu_product"], int(row["gpu_memory_mib"])) for i in range(nnodes)
-    ]
-    spec = VerlJobSpec.model_validate(
-        {
-            "verl": {"image": "verl:test", "version": "0.6"},
-            "model": {"path": row["model"]},
-            "resources": {"gpus": nnodes * per_node},
-            "overrides": overrides,
-        }
-    )
-    return plan_job(spec, nodes)
 
 
 def test_a_virtual_pipeline_on_an_uneven_split(verl_runners: dict[str, VerlRunner]) -> None:
@@ -74,7 +49,7 @@ def test_a_virtual_pipeline_on_an_uneven_split(verl_runners: dict[str, VerlRunne
     results = verl_runners["0.6.1"].check([c[3] for c in cases])
     verdicts = []
     for (row, vpp, overrides, _), verl in zip(cases, results, strict=True):
-        result = _plan(row, overrides)
+        result = plan_row(row, overrides)
         layers = [v for v in result.violations if v.rule == "megatron-layers-divisible"]
         verdicts.append(
             (row["model"], vpp, verl.ok, verl.stage, (verl.error or "")[:160], [v.message for v in layers])

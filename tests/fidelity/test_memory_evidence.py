@@ -41,7 +41,7 @@ LINE = "0.6"
 DATASET_LENGTHS = {"gsm8k": (105, 300)}
 
 
-def _rows() -> list[dict[str, str]]:
+def evidence_rows() -> list[dict[str, str]]:
     with DATA.open() as handle:
         return list(csv.DictReader(handle))
 
@@ -53,8 +53,8 @@ def _mean_lengths(dataset: str) -> dict[str, int]:
     return {"meanPromptLength": prompt, "meanResponseLength": response}
 
 
-def _result(row: dict[str, str]) -> Any:
-    """The planner's result for one row (its model in the catalog)."""
+def plan_row(row: dict[str, str], overrides: list[str] | None = None) -> Any:
+    """The planner's result for one row (its model in the catalog), with ``overrides`` in place of its own."""
     from verl_operator.api.spec import VerlJobSpec
     from verl_operator.planner import plan_job
 
@@ -67,7 +67,7 @@ def _result(row: dict[str, str]) -> Any:
             "verl": {"image": "verl:test", "version": LINE},
             "model": {"path": row["model"]},
             "resources": {"gpus": nnodes * per_node},
-            "overrides": json.loads(row["overrides"]),
+            "overrides": json.loads(row["overrides"]) if overrides is None else overrides,
             "data": _mean_lengths(row["dataset"]),
         }
     )
@@ -76,7 +76,7 @@ def _result(row: dict[str, str]) -> Any:
 
 def _plan(row: dict[str, str]) -> Any:
     """The plan of one row, or None where the planner found none."""
-    result = _result(row)
+    result = plan_row(row)
     return result.plan if result.feasible else None
 
 
@@ -86,7 +86,7 @@ def _predict(row: dict[str, str]) -> tuple[str, float | None, str]:
 
     if catalog.lookup(row["model"]) is None:
         return "not judged", None, f"{row['model']} is not in the catalog"
-    result = _result(row)
+    result = plan_row(row)
     if result.feasible and result.plan is not None:
         # With pinned batch settings an estimate above the GPU is a warning, not a violation: the model's call
         # is still "does not fit".
@@ -100,7 +100,7 @@ def _predict(row: dict[str, str]) -> tuple[str, float | None, str]:
 
 
 def test_memory_verdicts_against_evidence(capsys: pytest.CaptureFixture[str]) -> None:
-    rows = _rows()
+    rows = evidence_rows()
     assert len(rows) >= 30
     lines = [
         "| evidence | known | planner | predicted peak GiB | vs GPU | row |",
@@ -158,7 +158,7 @@ DSV3_TOLERANCE = 0.15
 
 
 def _megatron_rows() -> list[dict[str, str]]:
-    return [row for row in _rows() if "#megatron@" in row["id"]]
+    return [row for row in evidence_rows() if "#megatron@" in row["id"]]
 
 
 def _train_parts_gib(row: dict[str, str]) -> float:

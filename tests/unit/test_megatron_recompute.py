@@ -1,5 +1,6 @@
-"""Megatron activation recompute: megatron-core's checks of the settings (``megatron_memory.check_recompute``)
-and what selective recompute's submodules free (``megatron_memory.selective_savings``)."""
+"""Megatron settings checked before the model is loaded: megatron-core's recompute checks
+(``megatron_memory.check_recompute``), what selective recompute's submodules free
+(``megatron_memory.selective_savings``), and verl 0.9's Megatron engine checks (``megatron.check_engine``)."""
 
 from __future__ import annotations
 
@@ -288,3 +289,12 @@ def test_the_fsdp_lora_key_is_refused_with_megatron(
     found = [v for v in result.violations if v.rule == "megatron-lora"]
     if refused and verl is None:
         assert found[0].field.endswith(f"{ARR}.model.lora_rank)") and found[0].suggestions
+
+
+@pytest.mark.parametrize(
+    "override",
+    [f"{ARR}.model.lora_rank=abc", f"{M}.dynamic_context_parallel=maybe"],
+)
+def test_a_bad_value_read_by_two_checks_is_one_violation(override: str) -> None:
+    result = plan_job(make_spec(8, overrides=["--config-name=ppo_megatron_trainer", override]), make_nodes(1))
+    assert [v.rule for v in result.violations] == ["override-type"], result.violations

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from verl_operator.api.plan import Violation
 from verl_operator.api.spec import ModelShape
 from verl_operator.planner import arith
-from verl_operator.planner.inputs import Fixed, Settings
+from verl_operator.planner.inputs import Fixed, Problem, Settings
 from verl_operator.planner.megatron_memory import MegatronOptions
 from verl_operator.planner.reader import Reader
 
@@ -285,7 +285,7 @@ def _stages_split(shape: ModelShape, pp: int, options: MegatronOptions) -> bool:
     return layers_allow_pp(shape, pp) or (options.uneven and options.split(shape.layers, pp) is not None)
 
 
-def check_engine(r: Reader, version: str, needs_critic: bool) -> list[Violation]:
+def check_engine(r: Reader, p: Problem, needs_critic: bool) -> list[Violation]:
     """What verl 0.9's Megatron engine asserts of its config when it is built, the GPUs already held: the model
     built through Megatron-Bridge (0.9.1 ``workers/engine/megatron/transformer_impl.py`` line 191, for the
     actor and the critic), and dynamic context parallelism with padding removed and no bucket padding (lines
@@ -297,64 +297,59 @@ def check_engine(r: Reader, version: str, needs_critic: bool) -> list[Violation]
     a LoRA rank, builds no reference model and asks the actor for the reference log-probs, which fails once
     the first rollout is done (0.9.1 ``trainer/ppo/v1/trainer_base.py`` lines 234-237 and
     ``workers/engine/megatron/transformer_impl.py`` line 1128: no PEFT to disable). verl 0.6.1's Megatron
-    model config has no ``lora_rank`` (its dataclass refuses the key)."""
-    if version == "0.6":
+    model config has no ``lora_rank`` (its dataclass refuses the key).
+
+    ``p`` holds the values already read (a bad one is already a violation); ``r`` gives the fields."""
+    if p.version == "0.6":
         return []
-    out = _lora_key(r)
-    for name in ("megatron_use_mbridge", "megatron_critic_use_mbridge"):
-        pin = r.reads.get(name)
-        if pin is None or r.get_bool(name, reads=True) is not False:
-            continue
-        if name == "megatron_critic_use_mbridge" and not needs_critic:
-            continue
+    out = []
+    if p.lora and not p.megatron_options.lora_rank:
+        pin = r.reads["lora_rank"]
         out.append(
             Violation(
                 field=pin.source,
-                rule="megatron-mbridge",
-                message="verl 0.9's Megatron engine builds the model through Megatron-Bridge: use_mbridge must be True",
-                suggestions=["drop the override (True is verl's default)"],
+                rule="megatron-lora",
+                message=(
+                    "model.lora_rank is the FSDP engine's LoRA: verl's Megatron engine ignores it and trains "
+                    "every weight, and with a LoRA rank verl builds no reference model, so the first reference "
+                    "log-prob pass fails"
+                ),
+                suggestions=[
+                    f"use actor_rollout_ref.model.lora.rank={pin.value} (verl's Megatron LoRA) instead"
+                ],
             )
         )
-    dcp = r.reads.get("megatron_dynamic_cp")
-    if dcp is None or r.get_bool("megatron_dynamic_cp", reads=True) is not True:
+    mbridge = (
+        ("megatron_use_mbridge", "megatron_critic_use_mbridge") if needs_critic else ("megatron_use_mbridge",)
+    )
+    for name in mbridge:
+        if name in r.reads and r.get_bool(name, reads=True) is False:
+            out.append(
+                Violation(
+                    field=r.reads[name].source,
+                    rule="megatron-mbridge",
+                    message="verl 0.9's Megatron engine builds the model through Megatron-Bridge: use_mbridge must be True",
+                    suggestions=["drop the override (True is verl's default)"],
+                )
+            )
+    if not p.megatron_options.dynamic_cp:
         return out
     for name, bad, why in (
         ("megatron_remove_padding", False, "dynamic_context_parallel requires use_remove_padding=True"),
         ("megatron_pad_to_length", True, "dynamic_context_parallel does not support pad_to_length"),
     ):
-        pin = r.reads.get(name)
-        if pin is not None and r.get_bool(name, reads=True) is bad:
+        if name in r.reads and r.get_bool(name, reads=True) is bad:
             out.append(
                 Violation(
-                    field=pin.source,
+                    field=r.reads[name].source,
                     rule="megatron-dynamic-cp",
                     message=why,
-                    suggestions=[f"drop the override, or dynamic_context_parallel ({dcp.source})"],
+                    suggestions=[
+                        f"drop the override, or dynamic_context_parallel ({r.reads['megatron_dynamic_cp'].source})"
+                    ],
                 )
             )
     return out
-
-
-def _lora_key(r: Reader) -> list[Violation]:
-    """:func:`check_engine`'s ``megatron-lora``."""
-    pin = r.reads.get("lora_rank")
-    if pin is None or not r.get_int("lora_rank", reads=True):
-        return []
-    if (r.get_int("megatron_lora_rank", reads=True) or 0) > 0:
-        return []  # Megatron-Bridge's LoRA is on; the FSDP key is then only read for ref_in_actor
-    suggestion = f"use actor_rollout_ref.model.lora.rank={pin.value} (verl's Megatron LoRA) instead"
-    return [
-        Violation(
-            field=pin.source,
-            rule="megatron-lora",
-            message=(
-                "model.lora_rank is the FSDP engine's LoRA: verl's Megatron engine ignores it and trains every "
-                "weight, and with a LoRA rank verl builds no reference model, so the first reference log-prob "
-                "pass fails"
-            ),
-            suggestions=[suggestion],
-        )
-    ]
 
 
 def _default_vpp(shape: ModelShape, pp: int, fixed: Fixed, options: MegatronOptions) -> int | None:

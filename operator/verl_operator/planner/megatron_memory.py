@@ -75,6 +75,17 @@ EXACT_PARTS = frozenset({"actorWeights", "gradients", "criticBuffers"})
 ROUTER_BYTES = 4
 
 
+#: megatron-core's ``recompute_modules`` (0.14.0 ``transformer/transformer_config.py`` lines 869-877, 0.16.1
+#: lines 1198-1206) and its default (lines 864-865 / 1193-1194; verl's config pins the same).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+DEFAULT_MODULES = ("core_attn",)
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+#: Megatron-Bridge's LoRA target modules that the memory model counts, verl 0.9.1's default
+#: (``trainer/config/_generated_ppo_megatron_trainer.yaml`` ``model.lora.target_modules``).
+LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
 @dataclass(frozen=True)
 class MegatronOptions:
     """The memory-relevant Megatron settings a spec pins through its overrides (defaults: verl's)."""
@@ -94,7 +105,7 @@ class MegatronOptions:
     #: ``actor_rollout_ref.model.lora.rank`` (verl 0.9's Megatron LoRA, Megatron-Bridge's PEFT: the base
     #: weights frozen, the adapters of ``lora.target_modules`` trained) and those modules.
     lora_rank: int = 0
-    lora_targets: tuple[str, ...] = ()
+    lora_targets: tuple[str, ...] = LORA_TARGETS
     #: verl 0.9's ``megatron.dynamic_context_parallel`` (no virtual pipeline with it).
     dynamic_cp: bool = False
     ref_param_offload: bool = False
@@ -150,16 +161,6 @@ class MegatronOptions:
         return 1.0 - self.optimizer_offload_fraction if self.optimizer_cpu_offload else 1.0
 
 
-#: megatron-core's ``recompute_modules`` (0.14.0 ``transformer/transformer_config.py`` lines 869-877, 0.16.1
-#: lines 1198-1206) and its default (lines 864-865 / 1193-1194; verl's config pins the same).
-RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
-DEFAULT_MODULES = ("core_attn",)
-RECOMPUTE_GRANULARITIES = ("full", "selective")
-RECOMPUTE_METHODS = ("uniform", "block")
-#: Megatron-Bridge's LoRA target modules that the memory model counts, verl 0.9.1's default
-#: (``trainer/config/_generated_ppo_megatron_trainer.yaml`` ``model.lora.target_modules``).
-LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
-
 #: ``MegatronOptions`` field -> the registry setting it is read from (``api/settings_registry.py``).
 OPTION_SETTINGS = {
     "grad_offload": "megatron_grad_offload",
@@ -205,6 +206,7 @@ def options_of(r: Reader) -> MegatronOptions:
     # megatron-core reads the modules only for selective recompute
     selective = granularity == "selective"
     modules = r.get_strings(OPTION_SETTINGS["recompute_modules"], reads=True) if selective else None
+    targets = r.get_strings(OPTION_SETTINGS["lora_targets"], reads=True)
     return MegatronOptions(
         grad_offload=bool(r.get_bool(OPTION_SETTINGS["grad_offload"], reads=True)),
         optimizer_cpu_offload=bool(r.get_bool(OPTION_SETTINGS["optimizer_cpu_offload"], reads=True)),
@@ -215,7 +217,7 @@ def options_of(r: Reader) -> MegatronOptions:
         recompute_modules=modules,
         lora_rank=r.get_int(OPTION_SETTINGS["lora_rank"], reads=True) or 0,
         dynamic_cp=bool(r.get_bool(OPTION_SETTINGS["dynamic_cp"], reads=True)),
-        lora_targets=r.get_strings(OPTION_SETTINGS["lora_targets"], reads=True) or LORA_TARGETS,
+        lora_targets=LORA_TARGETS if targets is None else targets,
         moe_grouped_gemm=r.get_bool(OPTION_SETTINGS["moe_grouped_gemm"], reads=True),
         moe_shared_expert_overlap=bool(r.get_bool(OPTION_SETTINGS["moe_shared_expert_overlap"], reads=True)),
         ref_param_offload=bool(r.get_bool(OPTION_SETTINGS["ref_param_offload"], reads=True)),
@@ -238,13 +240,11 @@ def check_recompute(r: Reader, shape: ModelShape, o: MegatronOptions) -> list[Vi
     ``shared_experts`` without ``moe_shared_expert_overlap``.
     """
 
-    def field(option: str) -> str:
-        pin = r.reads.get(OPTION_SETTINGS[option])
-        return pin.source if pin is not None else f"spec.overrides ({OPTION_SETTINGS[option]})"
-
     def bad(option: str, message: str, *suggestions: str) -> Violation:
+        """A violation of the pinned ``option`` (each check below is of a value the job pins)."""
+        source = r.reads[OPTION_SETTINGS[option]].source
         return Violation(
-            field=field(option), rule="megatron-recompute", message=message, suggestions=list(suggestions)
+            field=source, rule="megatron-recompute", message=message, suggestions=list(suggestions)
         )
 
     g = o.recompute_granularity

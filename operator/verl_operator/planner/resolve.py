@@ -117,7 +117,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
             fixed, r.get_bool("megatron_param_offload"), r.get_bool("megatron_optimizer_offload")
         )
         r.violations += megatron_memory.check_recompute(r, model.shape, problem.megatron_options)
-        r.violations += megatron.check_engine(r, spec.verl.version, needs_critic)
+        r.violations += megatron.check_engine(r, problem, needs_critic)
     if r.violations:
         return r.violations
     if vs := _mean_lengths(problem):

@@ -149,16 +149,14 @@ def _uneven_violation(p: Problem, pp: int, vpp: int | None) -> Violation:
     if vpp and split is not None:
         ok = [v for v in range(2, max(split) + 1) if o.split(layers, pp, v) is not None]
         near = sorted({max((v for v in ok if v < vpp), default=0), *[v for v in ok if v > vpp][:1]} - {0})
-        if o.first_stage_layers is not None or o.last_stage_layers is not None:
-            named = {"first": o.first_stage_layers, "last": o.last_stage_layers}
-            pinned = {0} if o.first_stage_layers is not None else set()
-            pinned |= {pp - 1} if o.last_stage_layers is not None else set()
-            middle = [n for i, n in enumerate(split) if i not in pinned]
-            counts = [f"{k} stage {n}" for k, n in named.items() if n is not None]
-            counts += [f"middle stages {middle[0]} each"] if middle else []
+        first, last = o.first_stage_layers, o.last_stage_layers
+        if first is not None or last is not None:
+            counts = [f"{k} stage {n}" for k, n in (("first", first), ("last", last)) if n is not None]
+            if pp - (first is not None) - (last is not None):  # middle stages, all of one size
+                counts.append(f"middle stages {split[1 if first is not None else 0]} each")
             arithmetic = f"the stages' layers ({', '.join(counts)}) must each divide by VPP {vpp}"
         else:
-            share = split[1] if pp > 2 else split[0] + o.account_for_embedding
+            share = (layers + o.account_for_embedding + o.account_for_loss) // pp
             arithmetic = (
                 f"each stage's share of the layers with the embedding / loss counted, {share}, must divide by "
                 f"VPP {vpp} ({share} % {vpp} = {share % vpp})"

@@ -133,13 +133,13 @@ def create_cgroup(name: str) -> list[str]:
     return created
 
 
-def cgroup_dirs(top: str) -> list[Path]:
-    """``top`` and every cgroup below it, parents first.
+def cgroup_dirs(top: str, deepest_first: bool = False) -> list[Path]:
+    """``top`` and every cgroup below it, parents first (children first with ``deepest_first``).
 
     The kubelet and containerd remove cgroups while this walks them, so a directory that vanishes
     between its listing and its scan is skipped (``os.walk`` ignores it), never an error.
     """
-    return [Path(directory) for directory, _, _ in os.walk(top)]
+    return [Path(directory) for directory, _, _ in os.walk(top, topdown=not deepest_first)]
 
 
 def cgroup_pids(paths: list[str]) -> list[int]:
@@ -171,7 +171,7 @@ def remove_cgroups(paths: list[str]) -> list[str]:
         root = Path(top)
         if not root.is_dir():
             continue
-        for directory in sorted(cgroup_dirs(top), key=lambda p: len(p.parts), reverse=True):
+        for directory in cgroup_dirs(top, deepest_first=True):
             for _ in range(50):
                 try:
                     directory.rmdir()
