@@ -29,6 +29,13 @@ LENGTHS = {"maxPromptLength": 512, "maxResponseLength": 1024}
                      id="0.9-removes-padding-by-default"),
         pytest.param({"version": "0.9", "use_remove_padding": False, "mean_prompt_length": 100}, 1, 1536,
                      id="0.9-pinned-padding"),
+        # verl 0.6's Megatron workers pack every micro-batch and never read use_remove_padding.
+        pytest.param({"version": "0.6", "training_engine": "megatron", "mean_prompt_length": 100,
+                      "mean_response_length": 300}, 1, 400, id="0.6-megatron-always-packs"),
+        pytest.param({"version": "0.6", "training_engine": "megatron", "use_remove_padding": False,
+                      "mean_response_length": 300}, 1, 812, id="0.6-megatron-ignores-pinned-padding"),
+        pytest.param({"version": "0.9", "training_engine": "megatron", "use_remove_padding": False,
+                      "mean_prompt_length": 100}, 1, 1536, id="0.9-megatron-pinned-padding"),
     ],
 )  # fmt: skip
 def test_tokens_per_sequence(change: dict[str, Any], sp: int, tokens: int) -> None:

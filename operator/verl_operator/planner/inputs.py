@@ -137,7 +137,11 @@ class Problem:
 
     def removes_padding(self, sequence_parallel_size: int) -> bool:
         """Micro-batches hold only real tokens: ``use_remove_padding`` pinned, else on with Ulysses SP (the
-        planner sets it) and by default from verl 0.7 on (0.6's default is off)."""
+        planner sets it) and by default from verl 0.7 on (0.6's default is off). verl 0.6's Megatron actor and
+        critic pack every micro-batch whatever the key says: they never read it, and the model forward packs
+        the sequences (0.6.1 ``models/mcore/model_forward.py`` line 56, ``preprocess_packed_seqs``)."""
+        if self.training_engine == "megatron" and self.version == "0.6":
+            return True
         if self.use_remove_padding is not None:
             return self.use_remove_padding
         return sequence_parallel_size > 1 or self.version != "0.6"
