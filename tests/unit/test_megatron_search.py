@@ -5,6 +5,7 @@ layers allow), and the shipped large-MoE example jobs planned and placed on the 
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,38 @@ def test_the_smallest_footprint_that_fits_wins() -> None:
     over = plan_job(VerlJobSpec.model_validate(smaller), nodes)
     assert over.plan is not None and over.plan.memory.train_peak_gib > over.plan.memory.gpu_memory_gib
     assert any(w.startswith("train peak estimated") for w in over.warnings)
+
+
+def test_an_update_over_the_gpu_is_told_what_full_recompute_would_need() -> None:
+    """A pinned Megatron update over the GPU without recompute: the warning quotes the estimate with full
+    recompute, and planning with the overrides it names gives that estimate, within the GPU."""
+    job = load_job("megatron-qwen3-235b-h20.yaml")
+    nodes = load_nodes(str(H20))
+    spec = {
+        **job["spec"],
+        "parallelism": {
+            "engine": "megatron",
+            "megatron": {"tensorParallelSize": 4, "pipelineParallelSize": 2},
+        },
+    }
+    over = plan_job(VerlJobSpec.model_validate(spec), nodes)
+    (warning,) = [w for w in over.warnings if w.startswith("train peak estimated")]
+    hint = re.search(r"with full recompute \((.*)\) the estimate is ([0-9.]+) GiB", warning)
+    assert hint is not None, warning
+    keys = hint.group(1).split(" ")
+    assert {k.split("=")[0].rsplit(".", 1)[1] for k in keys} == {
+        "recompute_granularity",
+        "recompute_method",
+        "recompute_num_layers",
+    }
+    recomputed = plan_job(
+        VerlJobSpec.model_validate({**spec, "overrides": [*spec.get("overrides", []), *keys]}), nodes
+    )
+    assert recomputed.plan is not None, recomputed.violations
+    m = recomputed.plan.memory
+    assert m.train_peak_gib == pytest.approx(float(hint.group(2)), abs=0.05)
+    assert m.train_peak_gib <= m.gpu_memory_gib
+    assert not [w for w in recomputed.warnings if w.startswith("train peak estimated")]
 
 
 def test_without_the_offloads_qwen3_235b_does_not_fit_32_gpus() -> None:

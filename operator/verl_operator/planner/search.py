@@ -329,7 +329,27 @@ def _pinned_overrun(p: Problem, mesh: Mesh, phase: str, pinned: bool, est: Estim
     return (
         f"{phase} peak estimated at {peak / GIB:.1f} GiB of {p.gpu_memory_bytes / GIB:.1f} GiB with every sequence at "
         f"{tokens} tokens; the pinned {phase} micro-batch fits only if sequences are shorter"
+        + (_recompute_hint(p, mesh) if phase == "train" else "")
     )
+
+
+#: The megatron-core settings of full recompute, every layer with one layer per chunk (what verl's large-MoE
+#: scripts pin when the update does not fit), and where verl 0.6 and 0.9 take them.
+RECOMPUTE_KEYS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+RECOMPUTE_PREFIX = "actor_rollout_ref.actor.megatron.override_transformer_config."
+
+
+def _recompute_hint(p: Problem, mesh: Mesh) -> str:
+    """For a Megatron update without recompute: the estimate with full recompute, when that fits the GPU."""
+    o = p.megatron_options
+    if mesh.settings.training_engine != "megatron" or o.recompute_granularity is not None:
+        return ""
+    full = replace(o, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    peak = estimate(_memory_inputs(replace(p, megatron_options=full), mesh)).train.peak_bytes
+    if peak > p.gpu_memory_bytes:
+        return ""
+    keys = " ".join(f"{RECOMPUTE_PREFIX}{key}={getattr(full, key)}" for key in RECOMPUTE_KEYS)
+    return f"; with full recompute ({keys}) the estimate is {peak / GIB:.1f} GiB"
 
 
 def _search_rest(p: Problem, layout: Layout, fixed: Fixed, m0: Mesh, record: Recorder) -> Found | None:
