@@ -147,3 +147,25 @@ def test_a_virtual_pipeline_divides_each_stage_of_a_pinned_split(
     assert v.rule == "megatron-layers-divisible" and f"VPP {vpp}" in v.message
     assert v.field == "spec.parallelism.megatron.virtualPipelineParallelSize"
     assert v.suggestions == [f"use {suggested}"]
+
+
+def test_a_pinned_stage_that_does_not_split_gets_its_nearest_counts() -> None:
+    """docs/perf/dpsk.md's LAST_LAYER=6 for Qwen3-235B-A22B (94 layers, PP 8): 88 left for 7 stages. Besides
+    other PP sizes, the suggestions give the last-stage counts that split on PP 8, and each of them builds."""
+    from verl_operator.planner import catalog
+    from verl_operator.planner.megatron_memory import MegatronOptions, stage_layers
+
+    entry = catalog.lookup("Qwen/Qwen3-235B-A22B")
+    assert entry is not None and entry.shape.layers == 94
+    p = make_problem(
+        shape=entry.shape, training_engine="megatron", megatron_options=MegatronOptions(last_stage_layers=6)
+    )
+    mesh = Mesh.of(p, make_settings(training_engine="megatron", megatron_pp=8))
+    (v,) = rules_megatron.layers_divisible(p, mesh)
+    assert "94 layers - 6 on the last stage = 88 left for 7 stages (88 % 7 = 4)" in v.message
+    assert (
+        v.suggestions[-1]
+        == "on PP 8, set override_transformer_config.num_layers_in_last_pipeline_stage to 3 or 10"
+    )
+    assert stage_layers(94, 8, last=3) is not None and stage_layers(94, 8, last=10) is not None
+    assert all(stage_layers(94, 8, last=n) is None for n in range(4, 10))

@@ -170,28 +170,60 @@ def _uneven_violation(p: Problem, pp: int, vpp: int | None) -> Violation:
     if o.first_stage_layers is not None or o.last_stage_layers is not None:
         inner = layers - (o.first_stage_layers or 0) - (o.last_stage_layers or 0)
         rest = pp - (o.first_stage_layers is not None) - (o.last_stage_layers is not None)
+        pinned = "".join(
+            f" - {n} on the {name} stage"
+            for n, name in ((o.first_stage_layers, "first"), (o.last_stage_layers, "last"))
+            if n is not None
+        )
         arithmetic = (
-            f"{layers} layers - {o.first_stage_layers or 0} first - {o.last_stage_layers or 0} last = {inner} "
-            f"left for {rest} stages ({inner} % {max(rest, 1)} = {inner % max(rest, 1)})"
+            f"{layers} layers{pinned} = {inner} left for {rest} stages ({inner} % {max(rest, 1)} = "
+            f"{inner % max(rest, 1)})"
         )
         ok = [
             q
             for q in range(2, 65)
             if megatron_memory.stage_layers(layers, q, o.first_stage_layers, o.last_stage_layers) is not None
         ]
+        stage_fixes = _pinned_stage_fixes(layers, pp, o.first_stage_layers, o.last_stage_layers)
     else:
         total = layers + o.account_for_embedding + o.account_for_loss
         arithmetic = (
             f"{layers} layers + the accounted embedding/loss = {total}, {total} % {pp} = {total % pp}"
         )
         ok = [q for q in range(2, 65) if total % q == 0]
+        stage_fixes = []
     near = sorted({max((q for q in ok if q < pp), default=0), *[q for q in ok if q > pp][:1]} - {0})
+    suggestions = [f"use PP {_or(near)}"] if near else []
+    suggestions += stage_fixes or ([] if near else ["change the first/last pipeline stage layers"])
     return Violation(
         field=_field(p, "megatron_pp"),
         rule="megatron-layers-divisible",
         message=f"the pinned pipeline split does not build on PP {pp}: {arithmetic}",
-        suggestions=[f"use PP {_or(near)}"] if near else ["change the first/last pipeline stage layers"],
+        suggestions=suggestions,
     )
+
+
+def _pinned_stage_fixes(layers: int, pp: int, first: int | None, last: int | None) -> list[str]:
+    """On the same PP, the pinned stage's nearest layer counts that split (one pinned stage at a time)."""
+    out = []
+    for name, value in (("first", first), ("last", last)):
+        if value is None:
+            continue
+        valid = [
+            n
+            for n in range(1, layers)
+            if megatron_memory.stage_layers(
+                layers, pp, n if name == "first" else first, n if name == "last" else last
+            )
+            is not None
+        ]
+        near = sorted(
+            {max((n for n in valid if n < value), default=0), *[n for n in valid if n > value][:1]} - {0}
+        )
+        if near:
+            key = f"num_layers_in_{name}_pipeline_stage"
+            out.append(f"on PP {pp}, set override_transformer_config.{key} to {_or(near)}")
+    return out
 
 
 def vpp_needs_pp(p: Problem, mesh: Mesh) -> list[Violation]:
