@@ -64,3 +64,47 @@ def test_a_virtual_pipeline_on_an_uneven_split(verl_runners: dict[str, VerlRunne
     # the test means something only if both outcomes occur: VPP 2 on Qwen3-235B builds, 5 does not
     assert accepted and len(accepted) < len(verdicts), verdicts
     assert ("Qwen/Qwen3-235B-A22B", 2, True) in [v[:3] for v in verdicts], verdicts
+
+
+LAST_KEY = "actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage"
+
+
+def test_the_qwen3_235b_table_at_its_revision(verl_runners: dict[str, VerlRunner]) -> None:
+    """docs/perf/dpsk.md's Qwen3-235B-A22B settings at the script revision they were published with (65c59c7,
+    ``num_layers_in_last_pipeline_stage=${LAST_LAYER}``): with the script's default last stage, 10, verl and
+    megatron-core accept each; with the table's own LAST_LAYER, 6, megatron-core refuses each (94 - 6 = 88
+    layers for 7 stages) and so does the planner."""
+    rows = [r for r in evidence_rows() if "qwen3-235b" in r["id"] and r["commit"].startswith("65c59c719")]
+    assert len(rows) == 4
+    from verl_operator.planner import catalog
+
+    entry = catalog.lookup(rows[0]["model"])
+    assert entry is not None
+    shape = entry.shape.model_dump(mode="json", by_alias=True, exclude_none=True)
+    cases = []
+    for row in rows:
+        written = json.loads(row["overrides"])
+        assert f"+{LAST_KEY}=10" in written, row["id"]
+        for last in (10, 6):
+            overrides = [o for o in written if not o.lstrip("+").startswith(LAST_KEY)] + [
+                f"+{LAST_KEY}={last}"
+            ]
+            request = CheckRequest(f"{row['id']}~last{last}", argv=(*MAIN, *overrides), model_shape=shape)
+            cases.append((row, last, overrides, request))
+    results = verl_runners["0.6.1"].check([c[3] for c in cases])
+    for (row, last, overrides, _), verl in zip(cases, results, strict=True):
+        result = plan_row(row, overrides)
+        seen = (
+            row["id"],
+            last,
+            verl.ok,
+            verl.stage,
+            (verl.error or "")[:200],
+            [v.rule for v in result.violations],
+        )
+        if last == 10:
+            assert verl.ok and result.feasible, seen
+        else:
+            assert not verl.ok and verl.stage == "megatron_transformer_config", seen
+            assert not result.feasible, seen
+            assert [v.rule for v in result.violations] == ["megatron-layers-divisible"], seen

@@ -9,10 +9,17 @@ Two sources in verl's repository, read at one ref with ``git show`` (nothing is 
   or did not fit (cross). The row's
   overrides are the script read with that value (``shell.py``), so every batch setting derived from it moves.
 
+``--table-rows`` instead prints (CSV, no header, for appending) the rows of ``docs/perf/dpsk.md``'s Qwen3-235B-A22B
+table read with the script revision the table was published with (``TABLE_COMMIT``): that revision recomputes
+every layer and pins ``num_layers_in_last_pipeline_stage=${LAST_LAYER}``, which the table's column sets; a later
+revision (f6f9100) dropped both and left the table as it was.
+
 Usage::
 
     python tests/fidelity/corpus/memory_evidence.py --git-dir /path/to/verl.git --ref HEAD \\
         --out tests/fidelity/data/memory-evidence.csv
+    python tests/fidelity/corpus/memory_evidence.py --git-dir /path/to/verl.git --table-rows \\
+        >> tests/fidelity/data/memory-evidence.csv
 """
 
 from __future__ import annotations
@@ -112,12 +119,81 @@ def evidence(git_dir: str, ref: str) -> list[dict[str, str]]:
     return rows
 
 
+#: The commit that published docs/perf/dpsk.md's Qwen3-235B-A22B table with this revision of its script.
+TABLE_COMMIT = "65c59c719c8ec4fa3a8b230215695ebc178a1b4e"
+TABLE_SCRIPT = "examples/grpo_trainer/run_qwen3-235b_megatron_96gb.sh"
+TABLE_MODEL = "Qwen/Qwen3-235B-A22B"
+#: The table's rows: (GPUs, NNODES, TP, PP, EP, OFFLOAD_FRACTION, OPTIM_OFFLOAD). Its LAST_LAYER, 6, is left
+#: at the script's default 10: 94 layers less 6 leave 88 for 7 stages, which megatron-core refuses
+#: (``tests/fidelity/test_fidelity_megatron_vpp.py`` launches both).
+TABLE = (
+    (32, 4, 4, 8, 4, "1.", "False"),
+    (64, 8, 4, 8, 4, "0.5", "True"),
+    (128, 16, 4, 8, 4, "0", "True"),
+    (256, 32, 4, 8, 4, "0", "True"),
+)
+TABLE_SETTING = ("NNODES", "TP", "PP", "EP", "OFFLOAD_FRACTION", "OPTIM_OFFLOAD")
+#: ``+key`` overrides whose key verl 0.6.1's config already has (Hydra refuses the ``+`` there).
+_KNOWN_PLUS = "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_"
+
+
+def table_rows(git_dir: str) -> list[dict[str, str]]:
+    """The table's rows at ``TABLE_COMMIT``: the script read with each row's environment (``HOME=/home/user``;
+    the ``env.sh`` it sources when present is left out), the model path the catalog's id."""
+    text = _git(git_dir, "show", f"{TABLE_COMMIT}:{TABLE_SCRIPT}")
+    body = "\n".join(line for line in text.splitlines() if "env.sh" not in line)
+    rows = []
+    for gpus, *values in TABLE:
+        env = dict(zip(TABLE_SETTING, map(str, values), strict=True))
+        prelude = "".join(f"{k}={v}\n" for k, v in {"HOME": "/home/user", **env}.items())
+        (found,) = invocations(prelude + body)
+        args = _split_args(found.args)
+        overrides = [f"--config-name={args['config_name']}"]
+        for o in args["overrides"]:
+            key = o.split("=", 1)[0]
+            if key == "actor_rollout_ref.model.path":
+                o = f"{key}={TABLE_MODEL}"
+            overrides.append(o[1:] if o.startswith(_KNOWN_PLUS) else o)
+        ran = " (runs on as few as 32 H20: the commit's 4-node training log)" if gpus == 32 else ""
+        rows.append(
+            {
+                "id": f"{TABLE_SCRIPT}@{TABLE_COMMIT[:9]}#megatron@"
+                + ";".join(f"{k}={v}" for k, v in env.items()),
+                "source": "volcengine/verl",
+                "commit": TABLE_COMMIT,
+                "path": TABLE_SCRIPT,
+                "evidence": f"docs/perf/dpsk.md at the table's revision: recommended setting for {gpus} GPUs{ran}; "
+                "LAST_LAYER at the script's default 10",
+                "setting": ";".join(TABLE_SETTING),
+                "value": ";".join(env.values()),
+                "verdict": "fits",
+                "gpu_product": GPUS["h20"][0],
+                "gpu_memory_mib": str(GPUS["h20"][1]),
+                "nnodes": env["NNODES"],
+                "gpus_per_node": "8",
+                "model": TABLE_MODEL,
+                "dataset": "dapo-math-17k",
+                "overrides": json.dumps(overrides),
+            }
+        )
+    return rows
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--git-dir", required=True)
     parser.add_argument("--ref", default="HEAD")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--table-rows", action="store_true", help="print dpsk.md's table rows (see the module)"
+    )
     args = parser.parse_args(argv)
+    if args.table_rows:
+        writer = csv.DictWriter(sys.stdout, fieldnames=COLUMNS, lineterminator="\n")
+        writer.writerows(table_rows(args.git_dir))
+        return 0
+    if args.out is None:
+        parser.error("--out is required")
     rows = evidence(args.git_dir, args.ref)
     with args.out.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS, lineterminator="\n")
