@@ -209,17 +209,12 @@ def _pinned_stage_fixes(layers: int, pp: int, first: int | None, last: int | Non
     for name, value in (("first", first), ("last", last)):
         if value is None:
             continue
-        valid = [
-            n
-            for n in range(1, layers)
-            if megatron_memory.stage_layers(
-                layers, pp, n if name == "first" else first, n if name == "last" else last
-            )
-            is not None
-        ]
-        near = sorted(
-            {max((n for n in valid if n < value), default=0), *[n for n in valid if n > value][:1]} - {0}
-        )
+
+        def splits(n: int, name: str = name) -> bool:
+            pinned = (n, last) if name == "first" else (first, n)
+            return n < layers and megatron_memory.stage_layers(layers, pp, *pinned) is not None
+
+        near = arith.nearest(value, splits, limit=layers)
         if near:
             key = f"num_layers_in_{name}_pipeline_stage"
             out.append(f"on PP {pp}, set override_transformer_config.{key} to {_or(near)}")
