@@ -175,6 +175,41 @@ def test_selective_savings_of_a_dense_layer() -> None:
     assert megatron_memory.selective_savings(QWEN7, MegatronOptions(recompute_modules=("mlp",))) == (0, 0)
 
 
+DSV3 = catalog_entry("deepseek-ai/DeepSeek-V3").shape
+
+
+def test_multi_latent_attention_keeps_its_own_query_key_and_value() -> None:
+    """DeepSeek-V3's attention keeps 128 heads of 192-wide queries and keys and 128-wide values and outputs, not
+    the hidden size over the heads (56) that a GQA formula would take for them, plus its latents."""
+    shape = DSV3
+    h, heads = shape.hidden_size, shape.attention_heads
+    qk = shape.qk_nope_head_dim + shape.qk_rope_head_dim
+    attention = 2 * heads * (2 * qk + 2 * shape.v_head_dim)
+    latents = 2 * (2 * shape.q_lora_rank + 2 * shape.kv_lora_rank + shape.qk_rope_head_dim)
+    i_eff = shape.moe_intermediate_size * (shape.num_experts_per_tok + shape.shared_experts)
+    assert activation_bytes_per_token_layer(shape) == 8 * h + attention + latents + 8 * i_eff
+    gqa = shape.model_copy(update={"kv_lora_rank": None, "q_lora_rank": None})
+    assert activation_bytes_per_token_layer(gqa) == 8 * h + 8 * (h // heads) * heads + 8 * i_eff
+    # a model without MLA is untouched: Qwen2.5-7B's 28 query and 4 KV heads of 128
+    assert activation_bytes_per_token_layer(QWEN7) == 8 * 3584 + 4 * 28 * 128 + 4 * 4 * 128 + 8 * 18944
+
+
+def test_mla_up_proj_frees_every_layers_query_key_value_and_normed_latents() -> None:
+    qk = DSV3.qk_nope_head_dim + DSV3.qk_rope_head_dim
+    up_proj = 2 * DSV3.attention_heads * (2 * qk + DSV3.v_head_dim) + 2 * (
+        DSV3.q_lora_rank + DSV3.kv_lora_rank
+    )
+    assert megatron_memory.selective_savings(DSV3, _selective("mla_up_proj")) == (up_proj, up_proj)
+    moe, dense = megatron_memory.selective_savings(DSV3, _selective("mla_up_proj", "moe"))
+    assert (moe, dense) == (up_proj + 8 * 2048 * 9, up_proj)
+    # DeepSeek-V2-Lite projects its query from the hidden state (no q_lora_rank): only the KV latent is normed
+    lite = DSV3.model_copy(update={"q_lora_rank": None})
+    assert (
+        megatron_memory.selective_savings(lite, _selective("mla_up_proj"))[1]
+        == up_proj - 2 * DSV3.q_lora_rank
+    )
+
+
 def test_selective_recompute_lowers_the_1f1b_activations_and_recomputes_one_layer() -> None:
     shape = QWEN235
     a = activation_bytes_per_token_layer(shape)

@@ -201,6 +201,36 @@ def test_without_the_offloads_qwen3_235b_does_not_fit_32_gpus() -> None:
     assert {v.rule for v in result.violations} & {"memory-train", "memory-rollout", "kv-cache-max-model-len"}
 
 
+RECOMPUTE = "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_"
+
+
+def test_selective_recompute_of_mla_up_proj_lowers_the_deepseek_v3_examples_update() -> None:
+    """The example's full recompute replaced by selective recompute: of the default ``core_attn`` (nothing to
+    free with fused attention) and of ``mla_up_proj`` too (every layer's latent query, key and value)."""
+    nodes = load_nodes(str(H20))
+
+    def plan(*overrides: str) -> Any:
+        spec = load_job("megatron-deepseek-v3-h20.yaml")["spec"]
+        spec["overrides"] = [o for o in spec["overrides"] if RECOMPUTE not in o] + list(overrides)
+        result = plan_job(VerlJobSpec.model_validate(spec), nodes)
+        assert result.plan is not None and result.plan.training is not None, result.violations
+        return result.plan
+
+    selective = f"{RECOMPUTE}granularity=selective"
+    up_proj = f"{RECOMPUTE}modules=[core_attn,mla_up_proj]"
+    full = (f"{RECOMPUTE}granularity=full", f"{RECOMPUTE}method=uniform", f"{RECOMPUTE}num_layers=1")
+    tp8 = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=8"
+    activations = [
+        plan(tp8, *variant).memory.train.parts_gib["activations"]
+        for variant in (full, (selective, up_proj), (selective,))
+    ]
+    assert activations == sorted(activations) and len(set(activations)) == 3
+    # what mla_up_proj frees lets the search keep the update on TP 4 (twice the data parallelism) instead of 8
+    assert (
+        plan(selective, up_proj).training.tensor_parallel_size < plan(selective).training.tensor_parallel_size
+    )
+
+
 def test_the_megatron_plan_does_not_depend_on_node_order() -> None:
     job = load_job("megatron-deepseek-v3-h20.yaml")
     nodes = load_nodes(str(H20))

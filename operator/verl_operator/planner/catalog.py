@@ -98,6 +98,55 @@ def lookup(path: str) -> CatalogEntry | None:
     return None
 
 
+@dataclass(frozen=True)
+class MlaDims:
+    """Multi-latent attention's dimensions (DeepSeek-V2/V3 style), with DeepSeek-V3's where the shape is silent."""
+
+    q_rank: int | None  # q_lora_rank; None: the query is projected from the hidden state directly
+    kv_rank: int  # kv_lora_rank
+    nope: int  # qk_nope_head_dim
+    rope: int  # qk_rope_head_dim
+    v: int  # v_head_dim
+
+    @property
+    def qk(self) -> int:
+        """A query's (and a key's) head dimension."""
+        return self.nope + self.rope
+
+
+def mla_dims(shape: ModelShape) -> MlaDims | None:
+    """The shape's MLA dimensions, or None when its attention is not multi-latent."""
+    if shape.kv_lora_rank is None:
+        return None
+    return MlaDims(
+        q_rank=shape.q_lora_rank,
+        kv_rank=shape.kv_lora_rank,
+        nope=shape.qk_nope_head_dim or 128,
+        rope=shape.qk_rope_head_dim or 64,
+        v=shape.v_head_dim or 128,
+    )
+
+
+def mla_activation_bytes(shape: ModelShape, mla: MlaDims) -> tuple[int, int]:
+    """``(bytes per token a multi-latent attention layer keeps for its backward, the up-projection's part)``.
+
+    Algorithm:
+        bf16 (2 bytes each) query, key and value as the attention kernel takes them (``qk``, ``qk`` and ``v``
+        per head) and its output (``v`` per head), plus the latents: the query's and the key-value's
+        down-projection outputs and their normed copies (``q_lora_rank``, ``kv_lora_rank``) and the key's rope
+        part. The up-projection's part is the query, key and value and the normed latents: what megatron-core's
+        ``mla_up_proj`` recompute discards after the attention and rebuilds in the backward (0.14.0
+        ``transformer/multi_latent_attention.py`` lines 115-118, 313-316 and 781-784). Example: DeepSeek-V3
+        (128 heads, qk 192, v 128, ranks 1536 and 512, rope 64): ``2 x 128 x (2 x 192 + 2 x 128) +
+        2 x (2 x 1536 + 2 x 512 + 64) = 172160`` kept, ``2 x 128 x (2 x 192 + 128) + 2 x (1536 + 512) = 135168``
+        of it the up-projection's.
+    """
+    heads = shape.attention_heads
+    ranks = (mla.q_rank or 0) + mla.kv_rank
+    up_proj = 2 * heads * (2 * mla.qk + mla.v) + 2 * ranks
+    return up_proj + 2 * heads * mla.v + 2 * (ranks + mla.rope), up_proj
+
+
 def count_params(shape: ModelShape) -> tuple[float, float]:
     """Total and active (per token) parameters of a decoder-only transformer.
 
@@ -113,18 +162,15 @@ def count_params(shape: ModelShape) -> tuple[float, float]:
     h = shape.hidden_size
     hd = shape.effective_head_dim
     embed = shape.vocab_size * h * (1 if shape.tie_word_embeddings else 2)
-    if shape.kv_lora_rank is not None:
-        rope = shape.qk_rope_head_dim or 64
-        nope = shape.qk_nope_head_dim or 128
-        v_dim = shape.v_head_dim or 128
-        qk_dim = rope + nope
+    mla = mla_dims(shape)
+    if mla is not None:
         q = (
-            h * shape.q_lora_rank + shape.q_lora_rank * shape.attention_heads * qk_dim
-            if shape.q_lora_rank
-            else (h * shape.attention_heads * qk_dim)
+            h * mla.q_rank + mla.q_rank * shape.attention_heads * mla.qk
+            if mla.q_rank
+            else (h * shape.attention_heads * mla.qk)
         )
-        kv = h * (shape.kv_lora_rank + rope) + shape.kv_lora_rank * shape.attention_heads * (nope + v_dim)
-        attn = q + kv + shape.attention_heads * v_dim * h
+        kv = h * (mla.kv_rank + mla.rope) + mla.kv_rank * shape.attention_heads * (mla.nope + mla.v)
+        attn = q + kv + shape.attention_heads * mla.v * h
     else:
         attn = h * shape.attention_heads * hd * 2 + h * shape.kv_heads * hd * 2
     dense_mlp = 3 * h * shape.intermediate_size
@@ -160,6 +206,7 @@ def kv_bytes_per_token(shape: ModelShape, tp: int) -> int:
     Dense/GQA: ``2 * L * ceil(kv_heads / TP) * head_dim * 2``; MLA: ``L * (kv_lora_rank + qk_rope_head_dim) * 2``,
     replicated on every TP rank.
     """
-    if shape.kv_lora_rank is not None:
-        return shape.layers * (shape.kv_lora_rank + (shape.qk_rope_head_dim or 64)) * 2
+    mla = mla_dims(shape)
+    if mla is not None:
+        return shape.layers * (mla.kv_rank + mla.rope) * 2
     return 2 * shape.layers * math.ceil(shape.kv_heads / tp) * shape.effective_head_dim * 2

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 
 from verl_operator.api.plan import Violation
 from verl_operator.api.spec import ModelShape
-from verl_operator.planner.catalog import count_params, effective_intermediate
+from verl_operator.planner.catalog import count_params, effective_intermediate, mla_activation_bytes, mla_dims
 from verl_operator.planner.reader import Reader
 
 if TYPE_CHECKING:
@@ -344,15 +344,17 @@ def selective_savings(shape: ModelShape, o: MegatronOptions) -> tuple[float, flo
     frees the whole MoE layer's part of A, ``8 I_eff``, keeping its input (``moe/moe_layer.py`` line 116), else
     ``moe_act`` the activation's output, ``2 x top_k x moe_intermediate`` (``moe/experts.py`` lines 806-809), and
     ``shared_experts`` the shared experts' ``8 x shared x moe_intermediate``; ``mlp`` a dense layer's MLP part,
-    ``8 I_eff`` (``transformer_layer.py`` lines 425-427). ``core_attn`` frees nothing with fused attention (it
-    keeps no score matrix; megatron-core warns as much), nor does ``mla_up_proj`` here (not modelled: the
-    estimate stays high).
+    ``8 I_eff`` (``transformer_layer.py`` lines 425-427); ``mla_up_proj`` every layer's multi-latent query, key,
+    value and normed latents (:func:`catalog.mla_activation_bytes`). ``core_attn`` frees nothing with fused
+    attention (it keeps no score matrix; megatron-core warns as much).
     """
     modules = o.selective_modules
     if not modules:
         return 0.0, 0.0
+    mla = mla_dims(shape) if "mla_up_proj" in modules else None
+    attention = float(mla_activation_bytes(shape, mla)[1]) if mla is not None else 0.0
     i_eff = effective_intermediate(shape)
-    dense = 8.0 * i_eff if "mlp" in modules else 0.0
+    dense = attention + (8.0 * i_eff if "mlp" in modules else 0.0)
     if not shape.num_experts:
         return 0.0, dense
     moe_i = shape.moe_intermediate_size or shape.intermediate_size
@@ -364,7 +366,7 @@ def selective_savings(shape: ModelShape, o: MegatronOptions) -> tuple[float, flo
             moe += 8.0 * moe_i * (shape.shared_experts or 0)
     if "layernorm" in modules:
         moe += 2.0 * shape.hidden_size
-    return moe, dense
+    return moe + attention, dense
 
 
 def stage_layers(

@@ -14,7 +14,12 @@ from dataclasses import dataclass
 
 from verl_operator.api.spec import ModelShape
 from verl_operator.planner import megatron_memory as mm
-from verl_operator.planner.catalog import effective_intermediate, kv_bytes_per_token
+from verl_operator.planner.catalog import (
+    effective_intermediate,
+    kv_bytes_per_token,
+    mla_activation_bytes,
+    mla_dims,
+)
 
 GIB = 1024**3
 #: Estimated parts are scaled by this (calibration came out 5-10% low).
@@ -115,11 +120,18 @@ class Estimate:
 
 
 def activation_bytes_per_token_layer(shape: ModelShape) -> int:
-    """``A = 8h + 4q + 4k + 8 I_eff`` bytes per token per layer (SwiGLU, GQA, FlashAttention)."""
+    """``A = 8h + 4q + 4k + 8 I_eff`` bytes per token per layer (SwiGLU, GQA, FlashAttention); with multi-latent
+    attention ``4q + 4k`` is the attention's own (:func:`catalog.mla_activation_bytes`)."""
     h = shape.hidden_size
-    q = shape.attention_heads * shape.effective_head_dim
-    k = shape.kv_heads * shape.effective_head_dim
-    return 8 * h + 4 * q + 4 * k + 8 * effective_intermediate(shape)
+    mla = mla_dims(shape)
+    if mla is not None:
+        attention = mla_activation_bytes(shape, mla)[0]
+    else:
+        attention = (
+            4 * shape.attention_heads * shape.effective_head_dim
+            + 4 * shape.kv_heads * shape.effective_head_dim
+        )
+    return 8 * h + attention + 8 * effective_intermediate(shape)
 
 
 def resident_state(m: MemoryInputs) -> dict[str, float]:
