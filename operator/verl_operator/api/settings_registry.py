@@ -338,6 +338,18 @@ MEGATRON_ROWS: tuple[SettingRow, ...] = (
         "critic.megatron.use_mbridge",
     ),
     _read(
+        "megatron_vanilla_mbridge",
+        "bool",
+        "verl 0.9's Megatron actor built through the legacy mbridge instead of Megatron-Bridge.",
+        f"{ARR}.actor.megatron.vanilla_mbridge",
+    ),
+    _read(
+        "megatron_critic_vanilla_mbridge",
+        "bool",
+        "verl 0.9's Megatron critic built through the legacy mbridge.",
+        "critic.megatron.vanilla_mbridge",
+    ),
+    _read(
         "megatron_dynamic_cp",
         "bool",
         "verl 0.9's dynamic context parallelism of the Megatron actor.",

@@ -10,7 +10,15 @@ from typing import Any
 from verl_operator.api.plan import Violation
 from verl_operator.api.settings_registry import ARR, SETTINGS
 from verl_operator.api.spec import ModelShape, VerlJobSpec
-from verl_operator.planner import catalog, dialect, megatron, megatron_memory, rules_engines, verl_keys
+from verl_operator.planner import (
+    catalog,
+    dialect,
+    megatron,
+    megatron_memory,
+    megatron_models,
+    rules_engines,
+    verl_keys,
+)
 from verl_operator.planner.inputs import Fixed, Problem, merge_pins
 from verl_operator.planner.overrides import Override, Pinned, parse_overrides, read_owned
 from verl_operator.planner.reader import Reader as _Reader
@@ -118,6 +126,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         )
         r.violations += megatron_memory.check_recompute(r, model.shape, problem.megatron_options)
         r.violations += megatron.check_engine(r, problem, needs_critic)
+        r.violations += _megatron_models(spec, r, problem.version, model, critic)
     if r.violations:
         return r.violations
     if vs := _mean_lengths(problem):
@@ -136,6 +145,32 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
 
 
 # -- the model ------------------------------------------------------------------------------------------------
+def _megatron_models(
+    spec: VerlJobSpec, r: _Reader, version: str, actor: ModelFacts, critic: ModelFacts | None
+) -> list[Violation]:
+    """Rule ``megatron-model`` (``megatron_models``): the actor's model, and a critic's other model, on the
+    path their ``megatron`` settings build them through."""
+    models = [(actor, "spec.model.shape.modelType" if spec.model.shape else "spec.model.path", "")]
+    if critic is not None and critic.path != actor.path:
+        pin, named = r.reads.get("critic_model_path"), spec.critic.model
+        if named is not None:
+            field = "spec.critic.model.shape.modelType" if named.shape else "spec.critic.model.path"
+        else:
+            field = pin.source if pin is not None else "spec.critic.model"
+        models.append((critic, field, "critic_"))
+    out = []
+    for facts, field, who in models:
+        path = megatron_models.model_path(
+            version,
+            r.get_bool(f"megatron_{who}use_mbridge", reads=True),
+            r.get_bool(f"megatron_{who}vanilla_mbridge", reads=True),
+        )
+        section = "critic" if who else f"{ARR}.actor"
+        if v := megatron_models.check_model(facts.shape.model_type, field, path, section):
+            out.append(v)
+    return out
+
+
 def _model_facts(path: str, shape: ModelShape | None, shape_field: str) -> ModelFacts | Violation:
     """The model at ``path``: ``shape`` when given, else the built-in catalog's entry."""
     entry = catalog.lookup(path)
