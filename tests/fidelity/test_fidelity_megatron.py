@@ -148,3 +148,50 @@ def test_megatron_plans_pass_verl(verl_runners: dict[str, VerlRunner], line: str
                 label
             )
             assert r.values[f"{section}.megatron.expert_model_parallel_size"] == t.expert_parallel_size, label
+
+
+#: Model types judged by verl 0.6.1's own Megatron registry: the catalog's, and others users train, dense
+#: (Qwen2.5-7B's numbers) and mixture-of-experts (Qwen3-30B-A3B's).
+DENSE_TYPES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "mistral", "phi3")
+MOE_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral")
+
+
+def test_verl_0_6s_megatron_registry_builds_what_the_planner_accepts(
+    verl_runners: dict[str, VerlRunner],
+) -> None:
+    """Rule megatron-model against verl 0.6.1's ``hf_to_mcore_config`` lookup (``verl_runner_megatron``'s
+    ``megatron_model`` stage): each model type's Megatron spec is refused by the planner exactly when verl's
+    registry has no converter for its architecture; verl gets the command line of the same spec's Qwen plan."""
+    from verl_operator.api.spec import VerlJobSpec
+    from verl_operator.manifests.launchspec import LaunchPlan, entrypoint
+    from verl_operator.planner import catalog
+    from verl_operator.planner.job import plan_job
+
+    nodes = _nodes("dgx-h100.yaml")
+    requests, verdicts = [], {}
+    for types, model in ((DENSE_TYPES, "Qwen/Qwen2.5-7B-Instruct"), (MOE_TYPES, "Qwen/Qwen3-30B-A3B")):
+        base = _spec("0.6", {"model": {"path": model}, "parallelism": {"engine": "megatron"}})
+        planned = plan_job(base, nodes)
+        assert planned.plan is not None, planned.violations
+        argv = (
+            *entrypoint(LaunchPlan.from_plan(planned.plan, base).training_engine),
+            *planned.plan.overrides,
+        )
+        entry = catalog.lookup(model)
+        assert entry is not None
+        for model_type in types:
+            shape = {**entry.shape.to_wire(), "modelType": model_type}
+            doc = base.model_dump(mode="json", by_alias=True, exclude_none=True)
+            doc["model"] = {"path": f"/models/{model_type}", "shape": shape}
+            result = plan_job(VerlJobSpec.model_validate(doc), nodes)
+            rules = {v.rule for v in result.violations}
+            assert result.feasible or rules == {"megatron-model"}, (model_type, result.violations)
+            verdicts[model_type] = result.feasible
+            requests.append(CheckRequest(model_type, argv=argv, model_shape=shape))
+    results = {r.id: r for r in verl_runners[RELEASE["0.6"]].check(requests)}
+    for model_type, accepted in verdicts.items():
+        r = results[model_type]
+        assert r.ok or r.stage == "megatron_model", (model_type, r)
+        assert r.ok == accepted, (model_type, accepted, r.stage, r.error_type, r.error)
+    # both verdicts occur: the registry builds Qwen, Llama and Mixtral, not Gemma, Mistral or Phi-3
+    assert {t for t, ok in verdicts.items() if not ok} == {"gemma", "gemma2", "mistral", "phi3"}

@@ -14,7 +14,10 @@ The checks, in the order a Megatron worker meets them (each raises ``CheckFailed
    initialised over the whole world, so its checks are restated here with megatron-core's messages
    (megatron-core 0.14.0 ``parallel_state.py`` lines 651-660 and 697-706, 0.16.1 lines 740-749 and 785-794):
    ``world % (TP x PP x CP)``, a virtual pipeline size needs ``PP > 1``, ``world % (ETP x EP x PP)``.
-3. ``megatron_transformer_config``: megatron-core's own ``TransformerConfig`` (its ``__post_init__``: heads
+3. ``megatron_model`` (verl 0.6 without mbridge): verl's own registry has the model's architecture
+   (``hf_to_mcore_config``, 0.6.1 ``models/mcore/registry.py`` lines 193-194, called from
+   ``workers/megatron_workers.py`` line 173).
+4. ``megatron_transformer_config``: megatron-core's own ``TransformerConfig`` (its ``__post_init__``: heads
    and query groups by TP, sequence parallelism needs TP, EP with TP needs sequence parallelism, the
    first/last pipeline-stage layer pins, VPP, MoE and recompute settings) built from the model's numbers as
    verl 0.6.1's ``models/mcore/config_converter.py`` ``_get_base_transformer_config`` (lines 56-91) does,
@@ -22,7 +25,7 @@ The checks, in the order a Megatron worker meets them (each raises ``CheckFailed
    ``check_and_construct_configs``, lines 137-160, does; the kernel choices of ``KERNEL_KEYS`` left out); then megatron-core's ``get_num_layers_to_build``
    (``transformer/transformer_block.py``) for every pipeline rank and virtual stage, with
    ``parallel_state``'s sizes and ranks set through its own setters (no process group needed).
-4. ``megatron_batch``: the mini-batch normalisation by Megatron's DP = ``world / (TP x PP x CP)``: 0.6.1
+5. ``megatron_batch``: the mini-batch normalisation by Megatron's DP = ``world / (TP x PP x CP)``: 0.6.1
    ``megatron_workers.py`` lines 271-274 (actor) and 923-924 (critic) compute ``mini x n // DP``; 0.9.1
    ``engine_workers.py`` lines 267-270 assert ``(mini x n) % DP == 0``; both then iterate each rank's
    ``B x n / DP`` rows in mini-batches of that size, asserting divisibility (0.6.1 ``protocol.py`` line 823,
@@ -134,6 +137,20 @@ def _parallel_state(world: int, s: dict[str, Any]) -> int:
     return world // model_size
 
 
+def _model(version: str, megatron: Any, model_dir: Path) -> None:
+    """verl 0.6.1's own registry lookup of the model's architecture, as ``hf_to_mcore_config`` makes it
+    (``models/mcore/registry.py`` lines 193-194) for a worker without mbridge; mbridge (0.6 with
+    ``use_mbridge``) and Megatron-Bridge (0.9) are not installed in these environments."""
+    if _minor(version) >= (0, 7) or megatron.get("use_mbridge", False):
+        return
+    from transformers import AutoConfig
+    from verl.models.mcore.registry import MODEL_CONFIG_CONVERTER_REGISTRY, get_supported_model
+
+    hf = AutoConfig.from_pretrained(model_dir)
+    assert len(hf.architectures) == 1, "Only one architecture is supported for now"
+    _ = MODEL_CONFIG_CONVERTER_REGISTRY[get_supported_model(hf.architectures[0])]  # verl's KeyError too
+
+
 def _transformer_config(s: dict[str, Any], sequence_parallel: bool, megatron: Any, model_dir: Path) -> None:
     import torch
     from megatron.core import parallel_state as mpu
@@ -220,6 +237,8 @@ def megatron_checks(version: str, config: Any, use_critic: bool, model_dir: Path
         world = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
         sizes = _sizes(arr.actor.megatron)
         dp = _parallel_state(world, sizes)
+        stage = "megatron_model"
+        _model(version, arr.actor.megatron, model_dir)
         stage = "megatron_transformer_config"
         # McoreEngineConfig.__post_init__ turns sequence parallelism off with TP 1 (workers/config/engine.py).
         sequence_parallel = bool(arr.actor.megatron.get("sequence_parallel", True)) and sizes["tp"] > 1
