@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,21 @@ def test_table_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 0
     assert out.startswith("FEASIBLE")
     assert "2 x 8 GPUs" in out and "trainer.nnodes=2" in out
+
+
+def test_table_output_of_a_megatron_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Megatron plan shows its mesh (TP x PP x CP, EP x ETP, VPP) and Megatron's DP instead of FSDP's."""
+    path = job(
+        tmp_path,
+        resources={"gpus": 16},
+        parallelism={"megatron": {"tensorParallelSize": 2, "pipelineParallelSize": 2}},
+    )
+    code = run_plan(["-f", path, "--nodes", node_list(tmp_path, 2)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert re.search(r"^  world / DP +16 / 4$", out, re.MULTILINE), out
+    assert "TP 2 x PP 2 x CP 1, EP 1 x ETP 2, VPP" in out
+    assert "fsdp" not in out.split("overrides:")[0]
 
 
 def test_table_output_infeasible(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -176,6 +176,31 @@ def candidates_text(plan: Plan) -> str:
     return f"{count} node{'s' if count != 1 else ''}: {', '.join(plan.candidate_nodes_sample)}{more}"
 
 
+def _mesh_rows(plan: Plan) -> list[tuple[str, str]]:
+    """The training mesh: FSDP's ``world / DP / SP / fsdp``, or Megatron's sizes."""
+    t = plan.training
+    if t is None or t.engine != "megatron":
+        return [
+            (
+                "world / DP / SP / fsdp",
+                f"{plan.world_size} / {plan.data_parallel_size} / "
+                f"{plan.sequence_parallel_size} / {plan.fsdp_size}",
+            )
+        ]
+    etp = (
+        t.expert_tensor_parallel_size if t.expert_tensor_parallel_size is not None else t.tensor_parallel_size
+    )
+    vpp = t.virtual_pipeline_parallel_size
+    return [
+        ("world / DP", f"{plan.world_size} / {t.data_parallel_size}"),
+        (
+            "megatron",
+            f"TP {t.tensor_parallel_size} x PP {t.pipeline_parallel_size} x CP {t.context_parallel_size}, "
+            f"EP {t.expert_parallel_size} x ETP {etp}, VPP {vpp if vpp is not None else 'none'}",
+        ),
+    ]
+
+
 def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
     """The ``name  value`` rows of a feasible plan in the human view.
 
@@ -186,11 +211,7 @@ def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
         ("verl", plan.verl_version),
         ("nodes", f"{plan.nnodes} x {plan.gpus_per_node} GPUs ({plan.node_pool.gpu_product})"),
         ("candidates", candidates_text(plan)),
-        (
-            "world / DP / SP / fsdp",
-            f"{plan.world_size} / {plan.data_parallel_size} / "
-            f"{plan.sequence_parallel_size} / {plan.fsdp_size}",
-        ),
+        *_mesh_rows(plan),
         (
             "rollout",
             f"{ro.mode}, TP {ro.tensor_parallel_size}, {ro.replicas} replicas, "
