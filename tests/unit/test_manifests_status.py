@@ -59,8 +59,36 @@ def test_every_phase_has_exactly_one_kstatus_reading(phase: str) -> None:
 
 def test_mesh_string() -> None:
     rollout = SimpleNamespace(tensor_parallel_size=2)
-    plan = SimpleNamespace(data_parallel_size=8, sequence_parallel_size=1, rollout=rollout)
+    plan = SimpleNamespace(data_parallel_size=8, sequence_parallel_size=1, rollout=rollout, training=None)
     assert mesh_string(plan) == "dp8 sp1 tp2"  # type: ignore[arg-type]
+
+
+def test_the_mesh_string_of_megatron_plans() -> None:
+    from verl_operator.api.plan import TrainingPlan
+
+    def plan(**sizes: Any) -> Any:
+        t = TrainingPlan(engine="megatron", **sizes)
+        return SimpleNamespace(
+            data_parallel_size=96,
+            sequence_parallel_size=1,
+            rollout=SimpleNamespace(tensor_parallel_size=32),
+            training=t,
+        )
+
+    assert mesh_string(plan(pipeline_parallel_size=12, expert_parallel_size=8, data_parallel_size=8)) == (
+        "dp8 tp1 pp12 ep8 rollout-tp32"
+    )
+    long_context = plan(
+        tensor_parallel_size=4,
+        pipeline_parallel_size=4,
+        virtual_pipeline_parallel_size=2,
+        context_parallel_size=2,
+        data_parallel_size=3,
+    )
+    assert mesh_string(long_context) == "dp3 tp4 pp4 vpp2 cp2 rollout-tp32"
+    fsdp = plan(data_parallel_size=96)
+    fsdp.training = TrainingPlan(engine="fsdp", data_parallel_size=96)
+    assert mesh_string(fsdp) == "dp96 sp1 tp32"
 
 
 def failed_pod(exit_code: int | None, message: str | None = None, **status: Any) -> dict[str, Any]:

@@ -85,7 +85,10 @@ class VerlJobStatus(ApiModel):
     observed_generation: int | None = Field(default=None, description="Last metadata.generation acted on.")
     attempt: int = Field(default=0, description="Ray cluster incarnation (0-based; pods carry it).")
     restarts: int = Field(default=0, description="Restarts after failures, counted against backoffLimit.")
-    mesh: str | None = Field(default=None, description="Parallel mesh, e.g. dp8 sp1 tp2 (tp = rollout TP).")
+    mesh: str | None = Field(
+        default=None,
+        description="Parallel mesh: FSDP dp8 sp1 tp2 (tp = rollout TP), Megatron dp8 tp1 pp12 ep8 rollout-tp32.",
+    )
     nodes: str | None = Field(default=None, description="Chosen nodes, comma separated (head first).")
     start_time: str | None = Field(
         default=None, description="When pods were first placed.", json_schema_extra=_TIME

@@ -124,10 +124,21 @@ def summary_conditions(phase: str, reason: str, message: str, generation: int, n
 
 
 def mesh_string(plan: Plan) -> str:
-    """``dp8 sp1 tp2``: data parallel, Ulysses SP, rollout tensor parallel."""
-    return (
-        f"dp{plan.data_parallel_size} sp{plan.sequence_parallel_size} tp{plan.rollout.tensor_parallel_size}"
-    )
+    """FSDP: ``dp8 sp1 tp2``, data parallel, Ulysses SP, rollout tensor parallel. Megatron: ``dp8 tp1 pp12 ep8
+    rollout-tp32``, its data parallel size and model-parallel sizes (CP, EP and VPP where used), then the
+    rollout's tensor parallel size."""
+    t = plan.training
+    rollout_tp = plan.rollout.tensor_parallel_size
+    if t is None or t.engine != "megatron":
+        return f"dp{plan.data_parallel_size} sp{plan.sequence_parallel_size} tp{rollout_tp}"
+    parts = [f"dp{t.data_parallel_size}", f"tp{t.tensor_parallel_size}", f"pp{t.pipeline_parallel_size}"]
+    if t.virtual_pipeline_parallel_size:
+        parts.append(f"vpp{t.virtual_pipeline_parallel_size}")
+    if t.context_parallel_size > 1:
+        parts.append(f"cp{t.context_parallel_size}")
+    if t.expert_parallel_size > 1:
+        parts.append(f"ep{t.expert_parallel_size}")
+    return " ".join([*parts, f"rollout-tp{rollout_tp}"])
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
