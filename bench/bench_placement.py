@@ -3,7 +3,8 @@
 Run: ``.venv/bin/python bench/bench_placement.py [--profile NODES]``.
 
 1. ``place()`` per call for one 64-GPU job (8 nodes of 8 GPUs) on clusters of N 8-GPU nodes in racks of 16,
-   a quarter of the nodes half busy, under ``topologyPolicy`` required and preferred; and the same request
+   a quarter of the nodes half busy, under ``topologyPolicy`` required and preferred, and without a policy
+   (the default preference: a rack, then a block, then anywhere); and the same requests
    on a :class:`~verl_operator.placement.index.NodeIndex` that already screened its shape (what a decision
    pays while no Node changes a fact).
 2. The operator's placing decision (``controller.decide.place_job``: plan, candidates, queue, placement,
@@ -39,7 +40,7 @@ from verl_operator.controller.decide import Observed, place_job
 from verl_operator.controller.snapshot import Snapshot, SnapshotMemo, node_capacity
 from verl_operator.placement import NodeCapacity, PlacementRequest, place
 from verl_operator.placement.index import NodeIndex
-from verl_operator.planner.facts import node_facts
+from verl_operator.planner.facts import NETWORK_DOMAINS, node_facts
 
 RACK = "network.topology.nvidia.com/leaf"
 DECISIONS = 200
@@ -72,7 +73,7 @@ def timed_index(request: PlacementRequest, index: NodeIndex, used: dict[str, int
 def place_table() -> None:
     print(
         f"{'nodes':>6} {'gpus':>6} {'job nodes':>9} {'required ms':>12} {'preferred ms':>13} "
-        f"{'index required ms':>18} {'index preferred ms':>19}"
+        f"{'default ms':>11} {'index required ms':>18} {'index preferred ms':>19} {'index default ms':>17}"
     )
     for nodes in (16, 128, 1024, 4096):
         caps, used = cluster(nodes)
@@ -84,11 +85,13 @@ def place_table() -> None:
         pref = PlacementRequest(
             nnodes=job_nodes, gpus_per_node=8, topology_key=RACK, topology_policy="preferred"
         )
+        default = PlacementRequest(nnodes=job_nodes, gpus_per_node=8, preferred_domains=NETWORK_DOMAINS)
         index = NodeIndex(caps)
         print(
             f"{nodes:>6} {nodes * 8:>6} {job_nodes:>9} {timed(req, caps, used, repeat):>12.3f} "
-            f"{timed(pref, caps, used, repeat):>13.3f} {timed_index(req, index, used, repeat):>18.3f} "
-            f"{timed_index(pref, index, used, repeat):>19.3f}"
+            f"{timed(pref, caps, used, repeat):>13.3f} {timed(default, caps, used, repeat):>11.3f} "
+            f"{timed_index(req, index, used, repeat):>18.3f} {timed_index(pref, index, used, repeat):>19.3f} "
+            f"{timed_index(default, index, used, repeat):>17.3f}"
         )
 
 

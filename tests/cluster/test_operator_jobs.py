@@ -14,7 +14,7 @@ import os
 import ssl
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +225,34 @@ def test_example_plans_and_lands_on_two_whole_nodes_of_one_rack(jobs: Jobs) -> N
     assert {"Placed", "PodsCreated", "Running"} <= reasons
     table = jobs.kubectl(["get", "vj", "-n", jobs.ns]).stdout
     assert "Running" in table and status["mesh"] in table and status["nodes"] in table
+
+
+def test_megatron_example_lands_on_four_h20_nodes_of_one_rack(
+    cluster_profile: Callable[[str], list[str]], jobs: Jobs
+) -> None:
+    """The Qwen3-235B-A22B Megatron example on the H20 profile (12 nodes in 3 racks): its four pipeline stages
+    on four whole nodes of one rack, the Megatron mesh in the status and kubectl's table, verl's Megatron
+    config and the planned sizes in the launch spec."""
+    h20 = set(cluster_profile("h20"))
+    assert jobs.apply(EXAMPLES / "megatron-qwen3-235b-h20.yaml").returncode == 0
+    status = jobs.wait_phase("megatron-qwen3-235b", "Running")
+    pods = jobs.running_pods("megatron-qwen3-235b", 4)
+    nodes = {p.spec.node_name for p in pods}
+    assert len(nodes) == 4 and nodes <= h20
+    racks = {node_labels(jobs, n).get(RACK) for n in nodes}
+    assert len(racks) == 1 and None not in racks, f"nodes {nodes} span racks {racks}"
+    training = status["plan"]["training"]
+    assert training["engine"] == "megatron"
+    tp, pp, ep = (training[k] for k in ("tensorParallelSize", "pipelineParallelSize", "expertParallelSize"))
+    assert tp * pp * training["contextParallelSize"] * training["dataParallelSize"] == 32
+    assert status["mesh"].startswith(f"dp{training['dataParallelSize']} tp{tp} pp{pp}")
+    assert status["mesh"] in jobs.kubectl(["get", "vj", "-n", jobs.ns]).stdout
+    launch = json.loads(
+        jobs.core.read_namespaced_config_map("megatron-qwen3-235b-launch", jobs.ns).data["launch.json"]
+    )
+    assert "--config-name=ppo_megatron_trainer" in launch["entrypoint"]
+    assert f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}" in launch["overrides"]
+    assert f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={ep}" in launch["overrides"]
 
 
 def gpu_pod(name: str, node: str, gpus: int) -> dict[str, Any]:

@@ -209,6 +209,55 @@ def test_tie_break_order_is_fewest_spare_then_name() -> None:
     assert place(request, nodes, {}).domain == "r0"
 
 
+BLOCK = "network.topology.nvidia.com/spine"
+
+
+def test_without_a_policy_a_multi_node_job_takes_the_smallest_domain_that_holds_it() -> None:
+    """The preferred domains in turn: one rack, else one block of racks, else anywhere; a single node is
+    placed best-fit across the cluster as before."""
+    nodes = [
+        NodeCapacity(
+            name=f"h{i}",
+            labels={RACK: f"r{i // 4}", BLOCK: "b0" if i < 8 else "b1"},
+            gpus=8,
+            gpu_product=H100,
+            nvlink_domain_size=8,
+        )
+        for i in range(12)
+    ]  # r0: h0-h3 and r1: h4-h7 in block b0, r2: h8-h11 in b1
+    request = PlacementRequest(nnodes=4, gpus_per_node=8, preferred_domains=(RACK, BLOCK))
+    plain = PlacementRequest(nnodes=4, gpus_per_node=8)
+    # every rack holds the job and none is tighter: the first by name
+    assert place(request, nodes, {}).nodes == ("h0", "h1", "h2", "h3")
+    # h0 and h10 busy: r0 and r2 keep 3 nodes each, r1 holds the job
+    placed = place(request, nodes, {"h0": 8, "h10": 8})
+    assert placed.nodes == ("h4", "h5", "h6", "h7") and placed.domain == "r1"
+    assert f"{RACK}=r1" in placed.message
+    # without the preference the same snapshot spans racks
+    assert place(plain, nodes, {"h0": 8, "h10": 8}).nodes == ("h1", "h11", "h2", "h3")
+    # no rack holds 4 (one busy node in each): block b0 does (6 free nodes), the tightest fit inside it
+    busy = {"h0": 8, "h4": 8, "h8": 8}
+    across = place(request, nodes, busy)
+    assert across.domain == "b0" and set(across.nodes) <= {f"h{i}" for i in range(8)}
+    # nor any block (3 free nodes in each): anywhere
+    busy = {"h0": 8, "h1": 8, "h2": 8, "h4": 8, "h5": 8, "h8": 8}
+    assert place(request, nodes, busy).domain is None and place(request, nodes, busy).feasible
+    # one node: the best fit of the whole cluster, whatever its rack
+    single = PlacementRequest(nnodes=1, gpus_per_node=4, preferred_domains=(RACK, BLOCK))
+    assert place(single, nodes, {"h9": 4}).nodes == ("h9",)
+    # nodes without the labels: the preference is empty and the job is placed as before
+    unlabelled = make_nodes(4, prefix="n")
+    bare = [NodeCapacity(name=n.name, labels={}, gpus=8, gpu_product=H100) for n in unlabelled]
+    assert place(request, bare, {}) == place(plain, bare, {})
+
+
+def test_a_topology_policy_replaces_the_preferred_domains() -> None:
+    request = PlacementRequest(
+        nnodes=2, gpus_per_node=8, topology_key=RACK, topology_policy="required", preferred_domains=(BLOCK,)
+    )
+    assert place(request, dgx_racks(), {}).domain == "r0"
+
+
 NODE_SETS = st.lists(
     st.tuples(st.sampled_from([4, 8]), st.integers(0, 8), st.sampled_from(["r0", "r1", "r2"])),
     min_size=1,

@@ -72,6 +72,7 @@ def scenes(
         nvlink_group_size=draw(st.sampled_from([1, 2, 4, 8, 16])),
         topology_key=RACK if draw(st.booleans()) else None,
         topology_policy=draw(st.sampled_from([None, "required", "preferred"])),
+        preferred_domains=draw(st.sampled_from([(), (RACK,), ("block", RACK)])),
     )
     closed = frozenset(draw(st.sets(st.sampled_from(names)))) if names else frozenset()
     return cluster, used, request, closed

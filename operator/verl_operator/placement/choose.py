@@ -6,13 +6,16 @@ Algorithm:
        domain smaller than the job's NVLink group, no clique for a multi-node NVLink group, the topology
        label missing under ``topologyPolicy: required``, or too few free GPUs (allocatable minus in use).
     2. Group the remaining nodes by (topology domain, NVLink clique): the domain only when a topology
-       policy is set, the clique only when one NVLink group spans several nodes.
+       policy is set or a default network domain is tried (step 4), the clique only when one NVLink group
+       spans several nodes.
     3. Among groups with at least ``nnodes`` nodes choose the tightest fit: the smallest number of free
        GPUs left over in the group after placing the job, then the group key (name order). Inside the
        group take the nodes with the fewest free GPUs first (best fit, keeps whole nodes free for larger
        jobs), ties by name. The chosen nodes are returned in name order; the first hosts the Ray head.
     4. ``topologyPolicy: preferred`` runs steps 2-3 with the domain first and, when no domain can hold
-       the job, again without it.
+       the job, again without it. A multi-node job without a topology policy tries the request's
+       ``preferred_domains`` in turn (the network labels from the narrowest domain to the widest: a rack,
+       then a block of racks), then no domain: its pods share the smallest domain that holds them.
 
     Worked example: 4 DGX nodes of 8 GPUs, racks a (dgx-0, dgx-1) and b (dgx-2, dgx-3), dgx-2 has 4 GPUs
     in use, job 2 x 8 with ``topologyPolicy: required``: dgx-2 is excluded (4 of 8 free), rack b keeps one
@@ -104,12 +107,12 @@ class Screen:
 
     Attributes:
         static: ``(node, reason)`` of every node in name order; None: passes every screen but free GPUs.
-        groups: Per ``by_domain`` of the attempts (steps 3-4), the nodes that pass by group key (topology
-            domain, NVLink clique), each group in name order.
+        groups: Per topology key of the attempts (steps 3-4; None: no domain), the nodes that pass by group
+            key (topology domain, NVLink clique), each group in name order.
     """
 
     static: tuple[tuple[NodeCapacity, str | None], ...]
-    groups: Mapping[bool, Mapping[GroupKey, tuple[NodeCapacity, ...]]]
+    groups: Mapping[str | None, Mapping[GroupKey, tuple[NodeCapacity, ...]]]
 
 
 def screen(request: PlacementRequest, nodes: Sequence[NodeCapacity]) -> Screen:
@@ -117,15 +120,14 @@ def screen(request: PlacementRequest, nodes: Sequence[NodeCapacity]) -> Screen:
     in name order (the caller sorts them)."""
     static = tuple((n, static_reason(request, n)) for n in nodes)
     passing = [n for n, reason in static if reason is None]
-    options = _attempts(request)
-    groups: dict[bool, dict[GroupKey, tuple[NodeCapacity, ...]]] = {}
-    for by_domain in options:
+    groups: dict[str | None, dict[GroupKey, tuple[NodeCapacity, ...]]] = {}
+    for topology_key in _attempts(request):
         grouped: dict[GroupKey, list[NodeCapacity]] = {}
         for node in passing:
-            key = _group_key(request, node, by_domain)
+            key = _group_key(request, node, topology_key)
             if key is not None:
                 grouped.setdefault(key, []).append(node)
-        groups[by_domain] = {k: tuple(v) for k, v in grouped.items()}
+        groups[topology_key] = {k: tuple(v) for k, v in grouped.items()}
     return Screen(static=static, groups=groups)
 
 
@@ -179,13 +181,13 @@ def place_screened(
     excluded_t = tuple(excluded)
 
     use_domain = request.topology_policy is not None and request.topology_key is not None
-    for by_domain in _attempts(request):
-        chosen = _best_group(request, screened.groups[by_domain], free)
+    for topology_key in _attempts(request, request.nnodes):
+        chosen = _best_group(request, screened.groups[topology_key], free)
         if chosen is not None:
             key, names = chosen
             where = []
             if key[0] is not None:
-                where.append(f"{request.topology_key}={key[0]}")
+                where.append(f"{topology_key}={key[0]}")
             if key[1] is not None:
                 where.append(f"clique {key[1]}")
             suffix = f" in {', '.join(where)}" if where else ""
@@ -202,17 +204,23 @@ def place_screened(
     )
 
 
-def _attempts(request: PlacementRequest) -> list[bool]:
-    """Steps 3-4: group by topology domain (when a policy names a key), then, when preferred, without it."""
-    use_domain = request.topology_policy is not None and request.topology_key is not None
-    return [use_domain, False] if request.topology_policy == "preferred" else [use_domain]
+def _attempts(request: PlacementRequest, nnodes: int | None = None) -> list[str | None]:
+    """Steps 3-4, the topology key of each attempt (None: no domain): the policy's key (then, when preferred,
+    none); without a policy, the preferred domains, then none. ``nnodes`` 1: a single node needs no domain
+    but the policy's (None: every key the request's shape may try, for :func:`screen`)."""
+    if request.topology_policy is not None and request.topology_key is not None:
+        return (
+            [request.topology_key, None] if request.topology_policy == "preferred" else [request.topology_key]
+        )
+    if nnodes == 1:
+        return [None]
+    return [*request.preferred_domains, None]
 
 
-def _group_key(request: PlacementRequest, node: NodeCapacity, by_domain: bool) -> GroupKey | None:
+def _group_key(request: PlacementRequest, node: NodeCapacity, topology_key: str | None) -> GroupKey | None:
     domain = None
-    if by_domain:
-        assert request.topology_key is not None  # by_domain implies a key
-        domain = node.labels.get(request.topology_key)
+    if topology_key is not None:
+        domain = node.labels.get(topology_key)
         if domain is None:
             return None
     clique = node.clique if request.multi_node_nvlink else None
@@ -275,7 +283,7 @@ def _count_by_group(
 ) -> dict[GroupKey, int]:
     counts: dict[GroupKey, int] = {}
     for node in eligible:
-        key = _group_key(request, node, by_domain)
+        key = _group_key(request, node, request.topology_key if by_domain else None)
         if key is not None:
             counts[key] = counts.get(key, 0) + 1
     return counts or {(None, None): 0}

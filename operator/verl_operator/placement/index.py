@@ -38,6 +38,7 @@ def shape_of(request: PlacementRequest) -> Hashable:
         request.nvlink_group_size,
         request.topology_key,
         request.topology_policy,
+        request.preferred_domains,
     )
 
 

@@ -53,6 +53,8 @@ class PlacementRequest:
         nvlink_group_size: GPUs that must share one NVLink domain (max of rollout TP and SP), 1 = none.
         topology_key: Node label naming a network domain (rack, block).
         topology_policy: ``required``: all nodes in one domain; ``preferred``: try that first.
+        preferred_domains: Without a topology policy, the network labels a multi-node job tries in turn, from
+            the narrowest domain to the widest (``planner.facts.NETWORK_DOMAINS``); empty: none.
     """
 
     nnodes: int
@@ -64,6 +66,7 @@ class PlacementRequest:
     nvlink_group_size: int = 1
     topology_key: str | None = None
     topology_policy: TopologyPolicy | None = None
+    preferred_domains: tuple[str, ...] = ()
 
     @property
     def multi_node_nvlink(self) -> bool:

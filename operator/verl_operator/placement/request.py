@@ -8,7 +8,7 @@ from verl_operator.api.plan import Plan
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.placement.model import PlacementRequest
 from verl_operator.planner.cluster import layouts, select
-from verl_operator.planner.facts import NodeFacts
+from verl_operator.planner.facts import NETWORK_DOMAINS, NodeFacts
 
 
 def request_from_plan(
@@ -35,6 +35,7 @@ def request_from_plan(
         nvlink_group_size=plan.nvlink_group_size,
         topology_key=spec.placement.topology_key,
         topology_policy=spec.placement.topology_policy,
+        preferred_domains=NETWORK_DOMAINS if spec.placement.topology_policy is None else (),
     )
 
 

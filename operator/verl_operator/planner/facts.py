@@ -31,6 +31,18 @@ TOPOLOGY_LABELS: tuple[str, ...] = (
     "topology.k8s.aws/network-node-layer-2",
     "topology.k8s.aws/network-node-layer-3",
 )
+#: Network domains from the narrowest to the widest, in each labelling style (NVIDIA Topograph's leaf and spine,
+#: GKE's sub-block and block, EKS's network node layers 3 and 2, layer 3 the closest to the instance): a
+#: multi-node job without ``spec.placement.topologyPolicy`` is placed in the first of them one domain of which
+#: holds it (``placement.choose``).
+NETWORK_DOMAINS: tuple[str, ...] = (
+    "network.topology.nvidia.com/leaf",
+    "cloud.google.com/gce-topology-subblock",
+    "topology.k8s.aws/network-node-layer-3",
+    "network.topology.nvidia.com/spine",
+    "cloud.google.com/gce-topology-block",
+    "topology.k8s.aws/network-node-layer-2",
+)
 
 #: GPU memory in MiB by product (what the GPU reports), used when ``nvidia.com/gpu.memory`` is absent.
 #: Keys are matched against the product's :func:`~verl_contract.gpu_product.product_key`, longest key first.
