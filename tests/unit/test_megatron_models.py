@@ -61,7 +61,7 @@ def test_a_model_only_mbridge_builds_gets_the_mbridge_switch_on_0_6() -> None:
 
 
 def test_verl_0_9_builds_through_megatron_bridge_unless_vanilla_mbridge() -> None:
-    assert _plan("0.9", {"path": GEMMA2}).feasible  # Megatron-Bridge is not checked; it has gemma2
+    assert _plan("0.9", {"path": GEMMA2}).feasible  # Megatron-Bridge has a gemma2 bridge
     result = _plan("0.9", {"path": GEMMA2}, f"{M}.vanilla_mbridge=True")
     assert _rules(result) == [("spec.model.path", "megatron-model")]
     assert result.violations[0].suggestions[0] == f"set {M}.vanilla_mbridge=False (that path builds gemma2)"
@@ -86,16 +86,31 @@ def test_the_critics_other_model_is_checked_on_its_own_path() -> None:
         ("0.6", None, None, "verl 0.6's own Megatron registry"),
         ("0.6", False, None, "verl 0.6's own Megatron registry"),
         ("0.6", True, None, "mbridge (use_mbridge=True)"),
-        ("0.9", None, None, None),
-        ("0.9", True, False, None),
+        ("0.9", None, None, "Megatron-Bridge 0.5.2 (verl 0.9's default)"),
+        ("0.9", True, False, "Megatron-Bridge 0.5.2 (verl 0.9's default)"),
         ("0.9", True, True, "mbridge (vanilla_mbridge=True)"),
     ],
 )
 def test_the_path_follows_the_overrides(
     version: str, mbridge: bool | None, vanilla: bool | None, name: str
 ) -> None:
-    path = megatron_models.model_path(version, mbridge, vanilla)
-    assert (path.name if path else None) == name
+    assert megatron_models.model_path(version, mbridge, vanilla).name == name
+
+
+def test_megatron_bridge_refuses_the_moe_models_it_has_no_bridge_for() -> None:
+    """Mixtral and Qwen2-MoE: no bridge in Megatron-Bridge 0.5.2, while mbridge builds both."""
+    moe = dict(catalog_entry("Qwen/Qwen3-30B-A3B").shape.to_wire())
+    for model_type in ("mixtral", "qwen2_moe"):
+        model = {"path": f"/models/{model_type}", "shape": {**moe, "modelType": model_type}}
+        result = _plan("0.9", model)
+        assert _rules(result) == [("spec.model.shape.modelType", "megatron-model")], model_type
+        v = result.violations[0]
+        assert "Megatron-Bridge 0.5.2" in v.message and v.message.count(", ...)") == 1
+        assert v.suggestions[0] == f"set {M}.vanilla_mbridge=True (that path builds {model_type})"
+        assert _plan("0.9", model, f"{M}.vanilla_mbridge=True").feasible
+        assert _plan("0.6", model).feasible  # verl 0.6's registry builds both
+    # a model type the planner knows nothing of is not refused on this path
+    assert _plan("0.9", {"path": "/models/new", "shape": {**moe, "modelType": "brand_new_moe"}}).feasible
 
 
 def test_every_catalog_model_builds_on_verl_0_9s_default_path() -> None:

@@ -13,9 +13,12 @@ every GPU of the job held:
   with ``megatron.vanilla_mbridge=True``, ``workers/engine/megatron/transformer_impl.py`` lines 328-331):
   mbridge's registry by ``model_type`` (mbridge 0.15.1 ``core/auto_bridge.py`` lines 46-52 raise
   ``ValueError: Unregistered model type``; the names are the ``register_model`` calls of ``models/``).
-- Megatron-Bridge (verl 0.9's default; ``megatron-bridge==0.5.2`` in verl 0.9.1's ``megatron`` extra): not
-  checked. Its dispatch also resolves architecture aliases and remote-code models, which a list of model types
-  does not capture; every model type of the built-in catalog has a bridge there (``MEGATRON_BRIDGE``).
+- Megatron-Bridge (verl 0.9's default; ``megatron-bridge==0.5.2`` in verl 0.9.1's ``megatron`` extra): its
+  ``AutoBridge`` refuses an architecture without a registered bridge (``models/conversion/auto_bridge.py``
+  ``_validate_config``), but it also resolves aliases and remote-code (``auto_map``) class names, which a
+  list of model types does not capture, so only the model types of ``MEGATRON_BRIDGE_ABSENT`` (commonly
+  trained ones, standard ``transformers`` architectures, no bridge) are refused; every model type of the
+  built-in catalog has a bridge there (``MEGATRON_BRIDGE``).
 
 A shape without ``modelType`` is not checked (the planner cannot tell its architecture).
 """
@@ -51,7 +54,7 @@ MBRIDGE: frozenset[str] = frozenset(
     }
 )
 #: Model types whose architecture Megatron-Bridge 0.5.2 registers a bridge for (``register_bridge(source=...)``
-#: under ``src/megatron/bridge/models/``): used for suggestions only. It has none for Mixtral or Qwen2-MoE.
+#: under ``src/megatron/bridge/models/``): used for suggestions.
 MEGATRON_BRIDGE: frozenset[str] = frozenset(
     {
         "deepseek_v2",
@@ -74,6 +77,15 @@ MEGATRON_BRIDGE: frozenset[str] = frozenset(
 )
 
 
+#: Model types whose ``transformers`` architecture (``MixtralForCausalLM``, ``Qwen2MoeForCausalLM``,
+#: ``PhiForCausalLM``, ``Phi3ForCausalLM``, ``Starcoder2ForCausalLM``, ``GraniteForCausalLM``,
+#: ``CohereForCausalLM``, ``Olmo2ForCausalLM``, ``FalconForCausalLM``) Megatron-Bridge 0.5.2 registers no
+#: bridge for.
+MEGATRON_BRIDGE_ABSENT: frozenset[str] = frozenset(
+    {"mixtral", "qwen2_moe", "phi", "phi3", "starcoder2", "granite", "cohere", "olmo2", "falcon"}
+)
+
+
 @dataclass(frozen=True)
 class ModelPath:
     """The path one Megatron model is built through: its name in messages and the model types it builds."""
@@ -82,10 +94,18 @@ class ModelPath:
     builds: frozenset[str]
     #: The override that moves to the other path, with the model types that path builds; None: no other.
     switch: tuple[str, frozenset[str]] | None
+    #: Where ``builds`` is not the whole list: the model types known to fail (the others are not checked).
+    absent: frozenset[str] | None = None
+
+    def refuses(self, model_type: str) -> bool:
+        """The path is known not to build ``model_type``."""
+        if self.absent is not None:
+            return model_type in self.absent
+        return model_type not in self.builds
 
 
-def model_path(version: str, mbridge: bool | None, vanilla: bool | None) -> ModelPath | None:
-    """The path a Megatron model is built through on the verl line ``version``; None where it is not checked.
+def model_path(version: str, mbridge: bool | None, vanilla: bool | None) -> ModelPath:
+    """The path a Megatron model is built through on the verl line ``version``.
 
     ``mbridge`` / ``vanilla`` are the job's ``megatron.use_mbridge`` / ``megatron.vanilla_mbridge`` (None:
     verl's default)."""
@@ -97,17 +117,22 @@ def model_path(version: str, mbridge: bool | None, vanilla: bool | None) -> Mode
         return ModelPath(
             "mbridge (vanilla_mbridge=True)", MBRIDGE, ("vanilla_mbridge=False", MEGATRON_BRIDGE)
         )
-    return None
+    return ModelPath(
+        "Megatron-Bridge 0.5.2 (verl 0.9's default)",
+        MEGATRON_BRIDGE,
+        ("vanilla_mbridge=True", MBRIDGE),
+        absent=MEGATRON_BRIDGE_ABSENT,
+    )
 
 
 def check_model(
-    model_type: str | None, field: str, path: ModelPath | None, megatron_section: str
+    model_type: str | None, field: str, path: ModelPath, megatron_section: str
 ) -> Violation | None:
     """A violation when ``path`` cannot build ``model_type`` (``field`` names it in the spec).
 
     ``megatron_section`` is the Hydra section of the model's ``megatron`` settings (the actor's or the
     critic's), where the suggested switch goes."""
-    if model_type is None or path is None or model_type in path.builds:
+    if model_type is None or not path.refuses(model_type):
         return None
     suggestions = []
     if path.switch is not None and model_type in path.switch[1]:
@@ -119,8 +144,9 @@ def check_model(
         field=field,
         rule="megatron-model",
         message=(
-            f"model_type {model_type} is not among the models {path.name} builds ({', '.join(sorted(path.builds))}): "
-            "verl would fail in the Megatron workers' init, with every GPU of the job held"
+            f"model_type {model_type} is not among the models {path.name} builds ({', '.join(sorted(path.builds))}"
+            f"{', ...' if path.absent is not None else ''}): verl would fail in the Megatron workers' init, with "
+            "every GPU of the job held"
         ),
         suggestions=suggestions,
     )
