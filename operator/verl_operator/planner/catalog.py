@@ -127,8 +127,9 @@ def mla_dims(shape: ModelShape) -> MlaDims | None:
     )
 
 
-def mla_activation_bytes(shape: ModelShape, mla: MlaDims) -> tuple[int, int]:
-    """``(bytes per token a multi-latent attention layer keeps for its backward, the up-projection's part)``.
+def mla_activation_bytes(shape: ModelShape) -> tuple[int, int] | None:
+    """``(bytes per token a multi-latent attention layer keeps for its backward, the up-projection's part)``;
+    None when the shape's attention is not multi-latent.
 
     Algorithm:
         bf16 (2 bytes each) query, key and value as the attention kernel takes them (``qk``, ``qk`` and ``v``
@@ -141,6 +142,9 @@ def mla_activation_bytes(shape: ModelShape, mla: MlaDims) -> tuple[int, int]:
         2 x (2 x 1536 + 2 x 512 + 64) = 172160`` kept, ``2 x 128 x (2 x 192 + 128) + 2 x (1536 + 512) = 135168``
         of it the up-projection's.
     """
+    mla = mla_dims(shape)
+    if mla is None:
+        return None
     heads = shape.attention_heads
     ranks = (mla.q_rank or 0) + mla.kv_rank
     up_proj = 2 * heads * (2 * mla.qk + mla.v) + 2 * ranks

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 
 from verl_operator.api.plan import Violation
 from verl_operator.api.spec import ModelShape
-from verl_operator.planner.catalog import count_params, effective_intermediate, mla_activation_bytes, mla_dims
+from verl_operator.planner.catalog import count_params, effective_intermediate, mla_activation_bytes
 from verl_operator.planner.reader import Reader
 
 if TYPE_CHECKING:
@@ -351,8 +351,8 @@ def selective_savings(shape: ModelShape, o: MegatronOptions) -> tuple[float, flo
     modules = o.selective_modules
     if not modules:
         return 0.0, 0.0
-    mla = mla_dims(shape) if "mla_up_proj" in modules else None
-    attention = float(mla_activation_bytes(shape, mla)[1]) if mla is not None else 0.0
+    mla = mla_activation_bytes(shape) if "mla_up_proj" in modules else None
+    attention = float(mla[1]) if mla is not None else 0.0
     i_eff = effective_intermediate(shape)
     dense = attention + (8.0 * i_eff if "mlp" in modules else 0.0)
     if not shape.num_experts:

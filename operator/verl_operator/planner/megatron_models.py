@@ -92,8 +92,8 @@ class ModelPath:
 
     name: str
     builds: frozenset[str]
-    #: The override that moves to the other path, with the model types that path builds; None: no other.
-    switch: tuple[str, frozenset[str]] | None
+    #: The override that moves to the other path, with the model types that path builds.
+    switch: tuple[str, frozenset[str]]
     #: Where ``builds`` is not the whole list: the model types known to fail (the others are not checked).
     absent: frozenset[str] | None = None
 
@@ -135,7 +135,7 @@ def check_model(
     if model_type is None or not path.refuses(model_type):
         return None
     suggestions = []
-    if path.switch is not None and model_type in path.switch[1]:
+    if model_type in path.switch[1]:
         suggestions.append(
             f"set {megatron_section}.megatron.{path.switch[0]} (that path builds {model_type})"
         )

@@ -18,7 +18,6 @@ from verl_operator.planner.catalog import (
     effective_intermediate,
     kv_bytes_per_token,
     mla_activation_bytes,
-    mla_dims,
 )
 
 GIB = 1024**3
@@ -123,9 +122,9 @@ def activation_bytes_per_token_layer(shape: ModelShape) -> int:
     """``A = 8h + 4q + 4k + 8 I_eff`` bytes per token per layer (SwiGLU, GQA, FlashAttention); with multi-latent
     attention ``4q + 4k`` is the attention's own (:func:`catalog.mla_activation_bytes`)."""
     h = shape.hidden_size
-    mla = mla_dims(shape)
+    mla = mla_activation_bytes(shape)
     if mla is not None:
-        attention = mla_activation_bytes(shape, mla)[0]
+        attention = mla[0]
     else:
         attention = (
             4 * shape.attention_heads * shape.effective_head_dim
