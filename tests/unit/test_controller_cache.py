@@ -465,3 +465,19 @@ def test_the_queue_depth_metric_counts_queued_and_running_jobs() -> None:
         RUNTIME.running.clear()
         RUNTIME.pending.update(saved[0])
         RUNTIME.running.update(saved[1])
+
+
+def test_an_admission_review_waits_for_the_initial_listing_only_while_the_replica_starts() -> None:
+    """A review of a replica that has just started waits until the first handler marks the cache ready (it
+    would plan on no nodes before); once the start-up window is over, or before kopf started, it does not."""
+    runtime = Runtime()
+    assert not runtime.await_loaded(5.0)  # kopf not started: nothing to wait for
+    runtime.started_at = time.monotonic()
+    marker = threading.Timer(0.05, runtime.mark_ready)
+    marker.start()
+    assert runtime.await_loaded(5.0)  # returned because the cache was marked ready, well inside the window
+    marker.join()
+    idle = Runtime()
+    idle.started_at = time.monotonic() - 10.0  # a cluster that gave no handler an object for 10 s
+    assert not idle.await_loaded(5.0)
+    assert not idle.loaded.is_set()

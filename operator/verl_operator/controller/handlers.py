@@ -54,6 +54,9 @@ _TASKS: list[asyncio.Task[None]] = []  # the reconcile loop, or the leader elect
 _LOOP: list[asyncio.Task[None]] = []  # the reconcile loop while this replica leads (leader election)
 _ELECTOR: list[LeaderElector] = []
 _API: list[client.ApiClient] = []  # the operator's API client, for the webhook's SubjectAccessReviews
+#: How long after this replica started an admission review waits for the cache's initial node listing (the API
+#: server's webhook timeout is 10 s by default; the review itself takes about a second).
+LOAD_WAIT_SECONDS = 5.0
 _POLICY = PolicySource()
 #: The permission checks, the dry runs and the quota check of the reviews in flight (up to about six requests
 #: per review, none of which submits another).
@@ -196,6 +199,7 @@ def validate_job(
         raise kopf.AdmissionError(
             f"VerlJob rejected:\n- spec: the admission policy is unusable: {exc}", code=422
         ) from exc
+    RUNTIME.await_loaded(LOAD_WAIT_SECONDS)
     checked = check_admission(dict(spec), old_spec, (), policy=policy, planner=RUNTIME.cache.plan)
     problems, ns = checked.problems, namespace or "default"
     changed = old_spec is None or old_spec != dict(spec)
@@ -324,6 +328,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     """kopf settings (bookkeeping out of ``status``, no event posting of logs, webhook) and the loop."""
     cfg = current()
+    RUNTIME.started_at = time.monotonic()
     # A thread waiting for the interpreter lock gets it after at most this long (CPython's default: 5 ms).
     # An admission review takes and gives back the lock at every API call and socket read; with the event
     # loop and the reconcile threads busy during a batch, each of those waits could last the whole interval.

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import heapq
 import logging
+import threading
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 
@@ -46,6 +47,10 @@ class Runtime:
         self.wakeup: asyncio.Event | None = None
         self.ready: asyncio.Event | None = None
         self._is_ready = False
+        #: Set with :meth:`mark_ready`, for the admission reviews' threads (:meth:`await_loaded`).
+        self.loaded = threading.Event()
+        #: ``time.monotonic()`` when this replica's kopf started (None: not started).
+        self.started_at: float | None = None
         self.phases_dirty = True
         self._previous: ThreadPoolExecutor | None = None  # the workers of the last run, until they finish
 
@@ -57,8 +62,19 @@ class Runtime:
         """Called by every handler: kopf runs handlers only after the initial listing filled the cache."""
         if not self._is_ready:
             self._is_ready = True
+            self.loaded.set()
             if self.ready is not None:
                 self.ready.set()
+
+    def await_loaded(self, window: float) -> bool:
+        """Block the calling thread (an admission review's) until the initial listing filled the cache, for
+        at most the first ``window`` seconds after this replica started: a review planned on the empty cache
+        of a replica that has just started would refuse a valid job for want of nodes. A cluster that gives
+        no handler an object (no nodes, no jobs) never marks the cache ready, so later reviews do not wait.
+        True when the cache is loaded."""
+        if self.started_at is not None and not self.loaded.is_set():
+            self.loaded.wait(max(0.0, self.started_at + window - time.monotonic()))
+        return self.loaded.is_set()
 
     def enqueue(self, key: JobKey) -> None:
         """Reconcile ``(namespace, name)`` soon (call from the event loop)."""
