@@ -36,7 +36,8 @@ import scale_support as S
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.api.status import VerlJobStatus
 from verl_operator.clusters.profile import node_manifests, parse_profile
-from verl_operator.controller.decide import Observed, place_job
+from verl_operator.controller.decide import place_job
+from verl_operator.controller.observed import Observed
 from verl_operator.controller.snapshot import Snapshot, SnapshotMemo, node_capacity
 from verl_operator.placement import NodeCapacity, PlacementRequest, place
 from verl_operator.placement.index import NodeIndex

@@ -18,7 +18,8 @@ from conftest import make_nodes
 from fakekube import FakeKube
 
 from verl_operator.api.status import PHASES, VerlJobStatus, parse_status
-from verl_operator.controller.decide import Observed, decide
+from verl_operator.controller.decide import decide
+from verl_operator.controller.observed import Observed
 from verl_operator.controller.reconcile import JobReconciler
 from verl_operator.controller.status import format_time
 

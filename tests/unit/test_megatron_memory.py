@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from verl_operator.planner import catalog, megatron_memory
-from verl_operator.planner.megatron_memory import MegatronMemory, MegatronOptions, stage_layers
+from verl_operator.planner import catalog, megatron_memory, megatron_options
+from verl_operator.planner.megatron_memory import MegatronMemory
+from verl_operator.planner.megatron_options import MegatronOptions, stage_layers
 from verl_operator.planner.memory import GIB, MemoryInputs, estimate, max_gpu_memory_utilization
 
 QWEN235 = catalog.lookup("Qwen/Qwen3-235B-A22B")
@@ -269,7 +270,7 @@ def test_megatron_lora_trains_the_adapters_only() -> None:
         tp=2,
         pp=1,
         ep=1,
-        options=MegatronOptions(lora_rank=16, lora_targets=megatron_memory.LORA_TARGETS),
+        options=MegatronOptions(lora_rank=16, lora_targets=megatron_options.LORA_TARGETS),
     )
     (st_every,) = megatron_memory.stages(shape, every)
     i = shape.intermediate_size

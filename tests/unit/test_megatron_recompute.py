@@ -12,7 +12,8 @@ from conftest import catalog_entry, make_nodes, make_spec
 from verl_operator.api.plan import PlanResult
 from verl_operator.planner import megatron_memory
 from verl_operator.planner.job import plan_job
-from verl_operator.planner.megatron_memory import MegatronMemory, MegatronOptions
+from verl_operator.planner.megatron_memory import MegatronMemory
+from verl_operator.planner.megatron_options import MegatronOptions
 from verl_operator.planner.memory import activation_bytes_per_token_layer
 
 TC = "actor_rollout_ref.actor.megatron.override_transformer_config"

@@ -18,7 +18,7 @@ from verl_operator.commands.plan import load_nodes
 from verl_operator.commands.render import render
 from verl_operator.planner import catalog, megatron, plan_job
 from verl_operator.planner.inputs import Fixed
-from verl_operator.planner.megatron_memory import MegatronOptions
+from verl_operator.planner.megatron_options import MegatronOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 H20 = ROOT / "examples" / "clusters" / "h20.yaml"

@@ -20,7 +20,8 @@ from verl_operator.api.spec import VerlJobSpec
 from verl_operator.api.status import VerlJobStatus, parse_status
 from verl_operator.clusters.profile import node_manifests, parse_profile
 from verl_operator.controller.cache import WatchCache
-from verl_operator.controller.decide import Observed, place_job
+from verl_operator.controller.decide import place_job
+from verl_operator.controller.observed import Observed
 from verl_operator.controller.queue import waiting_entry
 from verl_operator.controller.snapshot import Snapshot, SnapshotMemo, node_capacity
 from verl_operator.controller.webhook import check_admission

@@ -14,7 +14,7 @@ from verl_operator.manifests.launchspec import LaunchPlan, entrypoint
 from verl_operator.planner import megatron, rules, rules_megatron
 from verl_operator.planner.inputs import Problem, Settings
 from verl_operator.planner.job import plan_job
-from verl_operator.planner.megatron_memory import MegatronOptions
+from verl_operator.planner.megatron_options import MegatronOptions
 from verl_operator.planner.mesh import Mesh
 
 ARR = "actor_rollout_ref"

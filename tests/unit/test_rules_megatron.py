@@ -101,7 +101,7 @@ def test_kv_heads_may_divide_tp_on_0_9(version: str, tp: int, refused: bool) -> 
     ],
 )
 def test_pinned_pipeline_split_decides(pp: int, pins: dict[str, Any], refused: bool) -> None:
-    from verl_operator.planner.megatron_memory import MegatronOptions
+    from verl_operator.planner.megatron_options import MegatronOptions
 
     p = make_problem(training_engine="megatron", megatron_options=MegatronOptions(**pins))
     mesh = Mesh.of(p, make_settings(training_engine="megatron", megatron_pp=pp))
@@ -135,7 +135,7 @@ def test_a_virtual_pipeline_divides_each_stage_of_a_pinned_split(
 ) -> None:
     """An uneven split with VPP is megatron-core's (each stage's layers divide by VPP), not ``L % (PP x VPP)``:
     Qwen3-235B-A22B's 94 layers with the embedding and loss on PP 8 x VPP 2 build, though 94 % 16 != 0."""
-    from verl_operator.planner.megatron_memory import MegatronOptions
+    from verl_operator.planner.megatron_options import MegatronOptions
 
     p = make_problem(training_engine="megatron", megatron_options=MegatronOptions(**pins))
     mesh = Mesh.of(p, make_settings(training_engine="megatron", megatron_pp=pp, megatron_vpp=vpp))
@@ -153,7 +153,7 @@ def test_a_pinned_stage_that_does_not_split_gets_its_nearest_counts() -> None:
     """docs/perf/dpsk.md's LAST_LAYER=6 for Qwen3-235B-A22B (94 layers, PP 8): 88 left for 7 stages. Besides
     other PP sizes, the suggestions give the last-stage counts that split on PP 8, and each of them builds."""
     from verl_operator.planner import catalog
-    from verl_operator.planner.megatron_memory import MegatronOptions, stage_layers
+    from verl_operator.planner.megatron_options import MegatronOptions, stage_layers
 
     entry = catalog.lookup("Qwen/Qwen3-235B-A22B")
     assert entry is not None and entry.shape.layers == 94

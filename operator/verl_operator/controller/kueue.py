@@ -32,7 +32,7 @@ from verl_operator.manifests.children import KUEUE_GROUP_LABEL
 from verl_operator.manifests.names import LABEL_ATTEMPT
 
 if TYPE_CHECKING:
-    from verl_operator.controller.decide import Observed
+    from verl_operator.controller.observed import Observed
 
 #: The scheduling gate Kueue's pod webhook sets on a pod of a queue until its Workload is admitted.
 ADMISSION_GATE = "kueue.x-k8s.io/admission"

@@ -21,7 +21,6 @@ from verl_contract.launch_spec import LAUNCH_KEY
 from verl_operator.api.status import VerlJobStatus, parse_status
 from verl_operator.controller import config, metrics
 from verl_operator.controller.decide import (
-    Observed,
     children_blocked,
     children_refused,
     decide,
@@ -30,6 +29,7 @@ from verl_operator.controller.decide import (
 )
 from verl_operator.controller.kube import KubeAPI, MissingAPIError
 from verl_operator.controller.kueue import wants_workload
+from verl_operator.controller.observed import Observed
 from verl_operator.controller.proofs import PROOFS
 from verl_operator.controller.refused import ChildBlocked, ChildRefused
 from verl_operator.controller.snapshot import Reservations, Snapshot

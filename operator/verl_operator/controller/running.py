@@ -20,7 +20,7 @@ from verl_operator.controller.transition import Event, Transition, advance, on_c
 from verl_operator.manifests.names import GANG_GATE, LABEL_ATTEMPT
 
 if TYPE_CHECKING:
-    from verl_operator.controller.decide import Observed
+    from verl_operator.controller.observed import Observed
 
 Pods = Mapping[str, Mapping[str, Any]]
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from verl_operator.api.plan import Violation
 from verl_operator.api.settings_registry import SETTINGS
 from verl_operator.api.spec import ModelShape, VerlJobSpec
-from verl_operator.planner.megatron_memory import MegatronOptions
+from verl_operator.planner.megatron_options import MegatronOptions
 from verl_operator.planner.overrides import Pinned, Value
 
 

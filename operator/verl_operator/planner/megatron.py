@@ -29,7 +29,7 @@ from verl_operator.api.plan import Violation
 from verl_operator.api.spec import ModelShape
 from verl_operator.planner import arith
 from verl_operator.planner.inputs import Fixed, Problem, Settings
-from verl_operator.planner.megatron_memory import MegatronOptions
+from verl_operator.planner.megatron_options import MegatronOptions
 from verl_operator.planner.reader import Reader
 
 ENGINES = ("fsdp", "megatron")
@@ -233,7 +233,7 @@ def candidates(
     5. per mesh, VPP 2 when the search chose PP > 1 and the layers split into ``PP x 2`` equal stages.
 
     An unpinned PP divides the world and the layers (or splits them as the pinned first / last stage layers
-    or the embedding and loss accounted as layers allow: ``megatron_memory.stage_layers``). Pinned values are
+    or the embedding and loss accounted as layers allow: ``megatron_options.stage_layers``). Pinned values are
     yielded as they are (the rules report what they break).
 
     Algorithm:
@@ -355,7 +355,7 @@ def check_engine(r: Reader, p: Problem, needs_critic: bool) -> list[Violation]:
 def _default_vpp(shape: ModelShape, pp: int, fixed: Fixed, options: MegatronOptions) -> int | None:
     """VPP 2 for a PP the search chose (> 1) whose layers split into ``PP x 2`` equal virtual stages, else
     unset (a pinned PP keeps verl's default, no interleaving; nor is one chosen for an uneven split: a pinned
-    VPP is checked against each of its stages, ``megatron_memory.stage_layers``)."""
+    VPP is checked against each of its stages, ``megatron_options.stage_layers``)."""
     if fixed.megatron_pp is not None or pp <= 1 or options.uneven or options.dynamic_cp:
         return None
     return 2 if shape.layers % (pp * 2) == 0 else None

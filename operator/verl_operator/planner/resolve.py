@@ -16,6 +16,7 @@ from verl_operator.planner import (
     megatron,
     megatron_memory,
     megatron_models,
+    megatron_options,
     rules_engines,
     verl_keys,
 )
@@ -424,7 +425,7 @@ def _problem(
         mean_prompt_length=spec.data.mean_prompt_length,
         mean_response_length=spec.data.mean_response_length,
         entropy=_entropy_on(r),
-        megatron_options=megatron_memory.options_of(r),
+        megatron_options=megatron_options.options_of(r),
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from verl_operator.api.plan import Violation
-from verl_operator.planner import arith, megatron_memory
+from verl_operator.planner import arith, megatron_memory, megatron_options
 from verl_operator.planner.arith import or_text as _or
 from verl_operator.planner.inputs import SPEC_PATHS, Problem
 from verl_operator.planner.megatron import expert_tp, model_parallel
@@ -103,7 +103,7 @@ def layers_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
     schedule ``num_layers_per_pipeline_rank // virtual_pipeline_model_parallel_size``; verl's scripts that
     pin uneven first/last stages set ``override_transformer_config.num_layers_in_first_pipeline_stage``,
     or the embedding and loss as layers, ``account_for_*_in_pipeline_split``: an uneven split that
-    ``megatron_memory.stage_layers`` builds is accepted, with VPP when each stage's layers divide by it)."""
+    ``megatron_options.stage_layers`` builds is accepted, with VPP when each stage's layers divide by it)."""
     if not _on(p, mesh):
         return []
     s = mesh.settings
@@ -143,7 +143,7 @@ def _uneven_violation(p: Problem, pp: int, vpp: int | None) -> Violation:
     """The pinned first / last stage layers (or the embedding / loss accounted as layers) leave a remainder
     that the other stages cannot share evenly (megatron-core ``TransformerConfig.__post_init__``: the
     layers left after the pinned stages must divide by the stages left), or, with a virtual pipeline size,
-    a stage's layers that do not divide by it (``megatron_memory.stage_layers``)."""
+    a stage's layers that do not divide by it (``megatron_options.stage_layers``)."""
     o, layers = p.megatron_options, p.shape.layers
     split = o.split(layers, pp)
     if vpp and split is not None:
@@ -182,7 +182,7 @@ def _uneven_violation(p: Problem, pp: int, vpp: int | None) -> Violation:
         ok = [
             q
             for q in range(2, 65)
-            if megatron_memory.stage_layers(layers, q, o.first_stage_layers, o.last_stage_layers) is not None
+            if megatron_options.stage_layers(layers, q, o.first_stage_layers, o.last_stage_layers) is not None
         ]
         stage_fixes = _pinned_stage_fixes(layers, pp, o.first_stage_layers, o.last_stage_layers)
     else:
@@ -212,7 +212,7 @@ def _pinned_stage_fixes(layers: int, pp: int, first: int | None, last: int | Non
 
         def splits(n: int, name: str = name) -> bool:
             pinned = (n, last) if name == "first" else (first, n)
-            return n < layers and megatron_memory.stage_layers(layers, pp, *pinned) is not None
+            return n < layers and megatron_options.stage_layers(layers, pp, *pinned) is not None
 
         near = arith.nearest(value, splits, limit=layers)
         if near:
