@@ -14,18 +14,15 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_RAY_PREFIX = re.compile(r"^\s*\([^()]*\)\s*")
-_STEP = re.compile(r"^step:(\d+)(?:\s+-\s+|\s*$)")
-_WRAPPED = re.compile(r"^[A-Za-z_][\w.]*\((.*)\)$")
-_TOTAL = re.compile(r"Total training steps:\s*(\d+)")
+from verl_contract.verl_metrics import parse_step_line, parse_total_steps
+
+__all__ = ["HEADLINE_METRICS", "ProgressTracker", "parse_step_line", "parse_total_steps"]
 
 #: The metrics copied into the concise progress record, with their short names.
 HEADLINE_METRICS: dict[str, str] = {
@@ -36,54 +33,6 @@ HEADLINE_METRICS: dict[str, str] = {
     "response_length/mean": "responseLengthMean",
     "actor/pg_loss": "pgLoss",
 }
-
-
-def _number(text: str) -> float | int | None:
-    text = text.strip()
-    wrapped = _WRAPPED.match(text)
-    if wrapped:
-        text = wrapped.group(1).strip()
-    if text in ("True", "False"):
-        return int(text == "True")
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def parse_step_line(line: str) -> tuple[int, dict[str, float | int]] | None:
-    """Parse one line of verl output.
-
-    Args:
-        line: A line as printed (ANSI colours and a Ray ``(Actor pid=..)`` prefix are tolerated).
-
-    Returns:
-        ``(step, metrics)`` for a metric line, None for any other line. Values that are not numbers are
-        left out.
-    """
-    text = _RAY_PREFIX.sub("", _ANSI.sub("", line).strip(), count=1)
-    match = _STEP.match(text)
-    if not match:
-        return None
-    metrics: dict[str, float | int] = {}
-    for part in text[match.end() :].split(" - "):
-        key, sep, value = part.rpartition(":")
-        if not sep or not key.strip():
-            continue
-        number = _number(value)
-        if number is not None:
-            metrics[key.strip()] = number
-    return int(match.group(1)), metrics
-
-
-def parse_total_steps(line: str) -> int | None:
-    """The total from verl's ``Total training steps: N`` line, None for other lines."""
-    match = _TOTAL.search(_ANSI.sub("", line))
-    return int(match.group(1)) if match else None
 
 
 def _finite(value: float | int) -> float | int | None:
