@@ -21,6 +21,7 @@ from verl_operator.api.spec import VerlJobSpec
 from verl_operator.api.status import FINISHED_PHASES, StatusChange, StatusView, VerlJobStatus
 from verl_operator.controller.assess import pod_phase
 from verl_operator.controller.pipeline import Planned, plan_and_place, status_plan
+from verl_operator.controller.progress import ProgressReading
 from verl_operator.controller.queue import ahead_of, rank
 from verl_operator.controller.refused import (
     BLOCKED_REASONS,
@@ -55,6 +56,7 @@ class Observed:
             that may have been in its way changed).
         workload: For a job handed to Kueue, the Workload of its current pod group when the pass read it
             (:func:`verl_operator.controller.kueue.wants_workload`); None otherwise.
+        progress: For a Running job, what its head pod's progress endpoint said (None: not read).
     """
 
     job: Mapping[str, Any]
@@ -67,6 +69,7 @@ class Observed:
     node_states: Mapping[str, str] = field(default_factory=dict)
     retry_now: bool = False
     workload: Mapping[str, Any] | None = None
+    progress: ProgressReading | None = None
 
     @property
     def generation(self) -> int:
