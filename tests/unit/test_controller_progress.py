@@ -341,3 +341,39 @@ def test_a_hung_verl_is_stalled_and_handled_per_its_action(
         assert "verl has logged no step after 360" in (status.message or "")
     reasons = {"none": "Stalled", "restart": "Restarting", "fail": "NoFirstStep"}
     assert [e for e in world.kube.events if e[1] == reasons[action]], world.kube.events
+
+
+def test_advice_appears_in_status_once_enough_steps_are_in(head: tuple[ProgressTracker, int]) -> None:
+    tracker, port = head
+    world = Running(port, SPEC)
+    tracker.enter("VerlStarted")
+    # The published Qwen3-8B step: generation 699 of 1268 s (55%); the 16-GPU job runs on two nodes.
+    line = (OUTPUT / "qwen3-8b-megatron-before.log").read_text().strip()
+    for step in range(1, 5):
+        tracker.feed(line.replace("step:3 ", f"step:{step} ", 1))
+    world.passes(1)
+    progress = world.status().progress
+    assert progress is not None and progress.step == 4 and progress.advice is None  # 4 steps: too few
+    tracker.feed(line.replace("step:3 ", "step:5 ", 1))
+    world.now += 30
+    world.passes(1)
+    progress = world.status().progress
+    assert progress is not None and progress.step == 5 and progress.advice is not None
+    assert (progress.advice.setting, progress.advice.value) == ("rollout.nnodes", "1")
+    assert "generation takes 698.9 s of the 1268.5 s step (55%" in progress.advice.reason
+
+
+def test_status_writes_per_running_job_are_bounded_by_the_interval(head: tuple[ProgressTracker, int]) -> None:
+    """A step every 2 s for 400 s, a pass after each step: at most one status write per 30 s (14 of 200)."""
+    tracker, port = head
+    world = Running(port, SPEC)
+    tracker.enter("VerlStarted")
+    before = world.kube.writes.count(("patch_status", NAME))
+    for step in range(1, 201):
+        tracker.feed(f"step:{step} - timing_s/step:2.0 - timing_s/gen:0.8 - timing_s/update_actor:1.0")
+        world.now += 2.0
+        world.passes(1)
+    writes = world.kube.writes.count(("patch_status", NAME)) - before
+    print(f"status writes: {writes} for 200 steps in 400 s")
+    assert writes <= 400 / 30 + 1, writes
+    assert world.status().progress.step >= 200 - 15  # type: ignore[union-attr]

@@ -34,6 +34,7 @@ from verl_operator.controller.running import run
 from verl_operator.controller.snapshot import Snapshot
 from verl_operator.controller.status import condition, format_time, merge_conditions, parse_time
 from verl_operator.controller.transition import Event, Transition, advance, on_change
+from verl_operator.planner.facts import NodeFacts
 
 Reservation = tuple[str, tuple[str, ...], int]
 
@@ -57,6 +58,7 @@ class Observed:
         workload: For a job handed to Kueue, the Workload of its current pod group when the pass read it
             (:func:`verl_operator.controller.kueue.wants_workload`); None otherwise.
         progress: For a Running job, what its head pod's progress endpoint said (None: not read).
+        nodes: For a Running job, its nodes' facts (the advisor re-plans its advice on them).
     """
 
     job: Mapping[str, Any]
@@ -70,6 +72,7 @@ class Observed:
     retry_now: bool = False
     workload: Mapping[str, Any] | None = None
     progress: ProgressReading | None = None
+    nodes: Sequence[NodeFacts] = ()
 
     @property
     def generation(self) -> int:

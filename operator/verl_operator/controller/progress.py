@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,6 +34,11 @@ from verl_operator.controller.status import condition, format_time, parse_time
 from verl_operator.controller.transition import Event
 
 StallAction = Literal["none", "restart", "fail"]
+
+#: Steps a run needs before the advisor's first change is put in status.progress.advice; it is computed again
+#: every ADVICE_EVERY steps (each time re-planned: a few plans per job every so many steps).
+ADVICE_MIN_STEPS = 5
+ADVICE_EVERY = 50
 
 #: The reason of each stall, by the launch phase it happened in.
 STALL_REASONS = {
@@ -147,6 +153,18 @@ def progress_of(doc: ProgressDocument, now: float) -> ProgressStatus:
     )
 
 
+def _advice(
+    old: ProgressStatus | None,
+    doc: ProgressDocument,
+    advise: Callable[[ProgressDocument], ProgressAdvice | None] | None,
+) -> ProgressAdvice | None:
+    """The advice to write with a new progress: the old one until ADVICE_EVERY more steps are in."""
+    kept = old.advice if old is not None and old.step // ADVICE_EVERY == doc.step // ADVICE_EVERY else None
+    if kept is not None or advise is None or len(doc.recent) < ADVICE_MIN_STEPS:
+        return kept
+    return advise(doc)
+
+
 def _due(old: ProgressStatus | None, new: ProgressStatus, interval: int, now: float) -> bool:
     """Write ``new`` now? First progress, a new launch phase or an earlier step (a new attempt) at once; a
     new step when ``interval`` seconds passed since the last write."""
@@ -166,7 +184,7 @@ def follow(
     stalled_before: Condition | None,
     now: float,
     generation: int,
-    advice: ProgressAdvice | None = None,
+    advise: Callable[[ProgressDocument], ProgressAdvice | None] | None = None,
 ) -> Followed:
     """The progress status and conditions of a Running job from one reading.
 
@@ -178,7 +196,8 @@ def follow(
             of :data:`STALL_REASONS`), else None.
         now: Seconds since the epoch.
         generation: ``metadata.generation``.
-        advice: The advisor's first change for the run, when one was computed.
+        advise: The advisor for the run's recent steps (the advice is computed only when the progress is
+            written, once ADVICE_MIN_STEPS steps are in, again every ADVICE_EVERY steps; kept in between).
 
     Returns:
         What to write; see :class:`Followed`.
@@ -194,9 +213,10 @@ def follow(
             conditions=(condition("Progressing", "Unknown", "ProgressUnavailable", text, generation, stamp),),
         )
     fresh = progress_of(doc, now)
-    if advice is not None:
-        fresh = fresh.model_copy(update={"advice": advice})
-    progress = fresh if _due(old, fresh, monitoring.status_interval_seconds, now) else old
+    due = _due(old, fresh, monitoring.status_interval_seconds, now)
+    if due:
+        fresh = fresh.model_copy(update={"advice": _advice(old, doc, advise)})
+    progress = fresh if due else old
     shown = progress or fresh
     limit = deadline(doc, monitoring.stall)
     if limit is not None and limit[0] > limit[1]:

@@ -105,10 +105,14 @@ class JobReconciler:
             workload = None
             if wants_workload(status, pods):  # Kueue holds or evicted the pods: its Workload says why
                 workload = self.kube.read_workload(namespace, kueue_group(name, status.attempt))
-            reading = None
+            reading, facts = None, []
             if self.progress is not None and status.phase == "Running":
                 reading = self.progress(job, pods, status.attempt)
-            self._pass(namespace, job, status, pods, EMPTY, self.node_states(status), workload, reading)
+                placed = status.placement.nodes if status.placement else []
+                facts = [f for f in map(self.node_facts, placed) if f is not None]
+            self._pass(
+                namespace, job, status, pods, EMPTY, self.node_states(status), workload, reading, facts
+            )
             return
         self._pass(namespace, job, status, pods, None)
 
@@ -122,6 +126,7 @@ class JobReconciler:
         node_states: Mapping[str, str] | None = None,
         workload: Mapping[str, Any] | None = None,
         progress: ProgressReading | None = None,
+        facts: Sequence[NodeFacts] = (),
     ) -> None:
         """Decide and apply (twice when the first transition created pods).
 
@@ -152,6 +157,7 @@ class JobReconciler:
                     retry_now=retry,
                     workload=workload,
                     progress=progress,
+                    nodes=facts,
                 )
                 transition = decide(seen)
                 if snap is None and transition.reserve is not None:

@@ -7,16 +7,20 @@ every case.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from verl_contract.progress import ProgressDocument
+from verl_contract.verl_metrics import StepRecord
+from verl_operator.advisor import advise, analyse
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.api.status import Condition, Phase, StatusChange, VerlJobStatus
+from verl_operator.api.status import Condition, Phase, ProgressAdvice, StatusChange, VerlJobStatus
 from verl_operator.controller.assess import Verdict, assess, pod_phase
 from verl_operator.controller.kueue import kueue_transition
 from verl_operator.controller.pipeline import children_of
 from verl_operator.controller.progress import STALL_REASONS, Followed, follow
-from verl_operator.controller.status import condition, parse_time
+from verl_operator.controller.status import bounded, condition, parse_time
 from verl_operator.controller.transition import Event, Transition, advance, on_change
 from verl_operator.manifests.names import GANG_GATE, LABEL_ATTEMPT
 
@@ -197,7 +201,24 @@ def _follow(seen: Observed, spec: VerlJobSpec) -> Followed | None:
         stalled_before=stalled,
         now=seen.now,
         generation=seen.generation,
+        advise=lambda doc: _advise(seen, spec, doc),
     )
+
+
+def _advise(seen: Observed, spec: VerlJobSpec, doc: ProgressDocument) -> ProgressAdvice | None:
+    """The advisor's first change for the run's recent steps, re-planned on the job's own nodes."""
+    plan = seen.status.plan
+    if plan is None or not seen.nodes:
+        return None
+    records = [
+        StepRecord(s.step, {"timing_s/step": s.seconds, **{f"timing_s/{k}": v for k, v in s.phases.items()}})
+        for s in doc.recent
+    ]
+    report = advise(analyse(records), spec=spec, plan=plan, nodes=seen.nodes)
+    if not report.advice:
+        return None
+    first = report.advice[0]
+    return ProgressAdvice(setting=first.setting, value=json.dumps(first.value), reason=bounded(first.reason))
 
 
 def _stall_verdict(seen: Observed, spec: VerlJobSpec, followed: Followed) -> Verdict:
