@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 
 from verl_contract.launch_spec import ATTEMPT_ENV, LAUNCH_PATH, LAUNCH_SPEC_ENV, unknown_fields
+from verl_contract.progress import PROGRESS_PORT
 from verl_launcher import labels as node_labels_mod
 from verl_launcher.exits import (
     UNEXPECTED_ERROR_EXIT,
@@ -63,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--progress-file", help=f"progress JSON (default ${PROGRESS_FILE_ENV} or {DEFAULT_PROGRESS_FILE})"
     )
     head.add_argument("--poll-seconds", type=float, default=2.0, help="node liveness poll interval")
+    head.add_argument(
+        "--progress-port",
+        type=int,
+        default=PROGRESS_PORT,
+        help=f"port of the progress endpoint the operator reads (default {PROGRESS_PORT}; 0: any free port)",
+    )
     worker = sub.add_parser("worker", help="join the head's Ray cluster and stay until it goes away")
     _add_run_arguments(worker)
     worker.add_argument("--retry-seconds", type=float, default=2.0, help="pause between join attempts")
@@ -126,6 +133,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> Outcome:
             progress_file=Path(progress),
             poll_s=args.poll_seconds,
             stop_grace_s=args.stop_grace_seconds,
+            progress_port=args.progress_port,
         )
         return run_head(spec, options, env)
     worker = WorkerOptions(

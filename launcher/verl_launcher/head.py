@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_contract.launch_spec import LaunchSpec
+from verl_contract.progress import PROGRESS_PORT
 from verl_launcher.check import check_nodes
 from verl_launcher.exits import ExitCode, LauncherError, Outcome
 from verl_launcher.processes import Child
 from verl_launcher.progress import ProgressTracker
+from verl_launcher.progress_server import ProgressServer
 from verl_launcher.ray_cluster import (
     RayCluster,
     RayNode,
@@ -39,6 +41,7 @@ class HeadOptions:
         progress_file: Where the progress JSON goes.
         poll_s: Seconds between node-liveness checks while verl runs (and readiness polls).
         stop_grace_s: Seconds verl and Ray get between SIGTERM and SIGKILL.
+        progress_port: The port of the progress endpoint the operator reads (None: no endpoint).
     """
 
     ray: RayOptions
@@ -46,6 +49,7 @@ class HeadOptions:
     progress_file: Path = Path(DEFAULT_PROGRESS_FILE)
     poll_s: float = 2.0
     stop_grace_s: float = 30.0
+    progress_port: int | None = PROGRESS_PORT
 
 
 def log(message: str) -> None:
@@ -122,6 +126,14 @@ def run_head(spec: LaunchSpec, options: HeadOptions, env: Mapping[str, str]) -> 
     started = time.monotonic()
     deadline = started + spec.timeouts.cluster_ready_seconds
     local_address = f"127.0.0.1:{spec.head.port}"
+    tracker = ProgressTracker(path=options.progress_file)
+    server = None
+    if options.progress_port is not None:
+        try:
+            server = ProgressServer(tracker.progress, port=options.progress_port).start()
+            log(f"progress endpoint on port {server.port}")
+        except OSError as exc:
+            log(f"no progress endpoint: port {options.progress_port}: {exc.strerror or exc}")
     head = _start_head(spec, options, env)
     cluster: RayCluster | None = None
     try:
@@ -132,8 +144,12 @@ def run_head(spec: LaunchSpec, options: HeadOptions, env: Mapping[str, str]) -> 
             + ", ".join(n.describe() for n in nodes)
         )
         _check_probes(cluster, nodes, spec)
-        return _run_verl(spec, options, env, local_address, head, cluster, nodes)
+        tracker.enter("RayFormed")
+        return _run_verl(spec, options, env, local_address, head, cluster, nodes, tracker)
     finally:
+        tracker.enter("Finished")
+        if server is not None:
+            server.stop()
         if cluster is not None:
             with contextlib.suppress(Exception):
                 cluster.close()
@@ -205,6 +221,7 @@ def _run_verl(
     head: Child,
     cluster: RayCluster,
     nodes: list[RayNode],
+    tracker: ProgressTracker,
 ) -> Outcome:
     """Run verl against the cluster, following its progress; verl is stopped on every way out.
 
@@ -213,7 +230,6 @@ def _run_verl(
     """
     verl_argv = build_argv(spec, options.attempt)
     verl_env = build_env(spec, env, ray_address=address)
-    tracker = ProgressTracker(path=options.progress_file)
 
     def on_line(line: str) -> str | None:
         summary = tracker.feed(line)
@@ -227,6 +243,7 @@ def _run_verl(
             ExitCode.VERL_FAILED,
             f"cannot start verl `{verl_argv[0]}` (entrypoint): {exc.strerror or exc}",
         ) from exc
+    tracker.enter("VerlStarted")
     try:
         code = _watch_verl(verl, head, cluster, nodes, options)
         where = f"step {tracker.step}" + (f" of {tracker.total_steps}" if tracker.total_steps else "")

@@ -14,18 +14,36 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from threading import Lock
 from typing import Any
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_RAY_PREFIX = re.compile(r"^\s*\([^()]*\)\s*")
-_STEP = re.compile(r"^step:(\d+)(?:\s+-\s+|\s*$)")
-_WRAPPED = re.compile(r"^[A-Za-z_][\w.]*\((.*)\)$")
-_TOTAL = re.compile(r"Total training steps:\s*(\d+)")
+from verl_contract.progress import MAX_PHASES, MAX_RECENT, LaunchPhase, ProgressDocument, StepSample
+from verl_contract.verl_metrics import parse_step_line, parse_total_steps
+
+#: verl's step-body timers that are not phases of their own (parts of gen, or outside the step): the
+#: advisor's list (verl_operator.advisor.phases), kept here for the launcher, which imports no operator code.
+_NOT_PHASES = frozenset({"step", "testing", "start_profile", "stop_profile", "generate_sequences", "reshard"})
+
+
+def step_phases(metrics: dict[str, float | int]) -> dict[str, float]:
+    """The phases of one step: ``timing_s/<name>`` without the rollout's sub-timings (at most 32)."""
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if not key.startswith("timing_s/") or not isinstance(value, int | float) or value != value:
+            continue
+        name = key[len("timing_s/") :]
+        if name in _NOT_PHASES or "/" in name or value < 0 or len(out) >= MAX_PHASES:
+            continue
+        out[name] = float(value)
+    return out
+
+
+__all__ = ["HEADLINE_METRICS", "ProgressTracker", "parse_step_line", "parse_total_steps"]
 
 #: The metrics copied into the concise progress record, with their short names.
 HEADLINE_METRICS: dict[str, str] = {
@@ -36,54 +54,6 @@ HEADLINE_METRICS: dict[str, str] = {
     "response_length/mean": "responseLengthMean",
     "actor/pg_loss": "pgLoss",
 }
-
-
-def _number(text: str) -> float | int | None:
-    text = text.strip()
-    wrapped = _WRAPPED.match(text)
-    if wrapped:
-        text = wrapped.group(1).strip()
-    if text in ("True", "False"):
-        return int(text == "True")
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def parse_step_line(line: str) -> tuple[int, dict[str, float | int]] | None:
-    """Parse one line of verl output.
-
-    Args:
-        line: A line as printed (ANSI colours and a Ray ``(Actor pid=..)`` prefix are tolerated).
-
-    Returns:
-        ``(step, metrics)`` for a metric line, None for any other line. Values that are not numbers are
-        left out.
-    """
-    text = _RAY_PREFIX.sub("", _ANSI.sub("", line).strip(), count=1)
-    match = _STEP.match(text)
-    if not match:
-        return None
-    metrics: dict[str, float | int] = {}
-    for part in text[match.end() :].split(" - "):
-        key, sep, value = part.rpartition(":")
-        if not sep or not key.strip():
-            continue
-        number = _number(value)
-        if number is not None:
-            metrics[key.strip()] = number
-    return int(match.group(1)), metrics
-
-
-def parse_total_steps(line: str) -> int | None:
-    """The total from verl's ``Total training steps: N`` line, None for other lines."""
-    match = _TOTAL.search(_ANSI.sub("", line))
-    return int(match.group(1)) if match else None
 
 
 def _finite(value: float | int) -> float | int | None:
@@ -106,6 +76,41 @@ class ProgressTracker:
     total_steps: int | None = None
     metrics: dict[str, float | int] = field(default_factory=dict)
     updated_at: float = 0.0
+    launch_phase: LaunchPhase = "RayForming"
+    phase_since: float = field(default_factory=time.monotonic)
+    last_output: float | None = None
+    last_step: float | None = None
+    recent: deque[StepSample] = field(default_factory=lambda: deque(maxlen=MAX_RECENT))
+    lock: Lock = field(default_factory=Lock, repr=False, compare=False)
+
+    def enter(self, phase: LaunchPhase) -> None:
+        """The head entered ``phase`` (the Ray cluster formed, verl started, verl finished)."""
+        with self.lock:
+            if phase != self.launch_phase:
+                self.launch_phase, self.phase_since = phase, time.monotonic()
+
+    def progress(self, now: float | None = None) -> ProgressDocument:
+        """The progress document served to the operator (ages measured on this clock)."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            step_seconds = self.metrics.get("timing_s/step")
+            mfu = self.metrics.get("perf/mfu/actor")
+            throughput = self.metrics.get("perf/throughput")
+            return ProgressDocument(
+                launch_phase=self.launch_phase,
+                phase_age_seconds=max(0.0, now - self.phase_since),
+                step=self.step,
+                total_steps=self.total_steps,
+                step_seconds=_finite(step_seconds) if step_seconds is not None else None,
+                phases=step_phases(self.metrics),
+                throughput_per_gpu=_finite(throughput) if throughput is not None else None,
+                mfu=mfu if mfu is not None and 0 < mfu <= 1 else None,
+                last_step_age_seconds=None if self.last_step is None else max(0.0, now - self.last_step),
+                last_output_age_seconds=None
+                if self.last_output is None
+                else max(0.0, now - self.last_output),
+                recent=list(self.recent),
+            )
 
     def feed(self, line: str) -> dict[str, Any] | None:
         """Consume one line of verl output.
@@ -116,6 +121,7 @@ class ProgressTracker:
         Returns:
             The concise record when the line was a step line (print it as ``VERL_PROGRESS <json>``), else None.
         """
+        self.last_output = time.monotonic()
         total = parse_total_steps(line)
         if total is not None:
             self.total_steps = total
@@ -124,8 +130,17 @@ class ProgressTracker:
         parsed = parse_step_line(line)
         if parsed is None:
             return None
-        self.step, self.metrics = parsed
-        self.updated_at = time.time()
+        with self.lock:
+            self.step, self.metrics = parsed
+            self.updated_at = time.time()
+            self.last_step = self.last_output
+            seconds = self.metrics.get("timing_s/step")
+            if seconds is not None and _finite(seconds) is not None and seconds >= 0:
+                self.recent.append(
+                    StepSample(step=self.step, seconds=float(seconds), phases=step_phases(self.metrics))
+                )
+            if self.launch_phase in ("RayForming", "RayFormed", "VerlStarted"):
+                self.launch_phase, self.phase_since = "Stepping", self.last_output
         self._write()
         return self.summary()
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 # Each module defines ``add_parser(subparsers) -> None`` and sets ``func`` (args -> exit code) on its parser.
 COMMAND_MODULES: tuple[str, ...] = (
     "verl_operator.commands.plan",
+    "verl_operator.commands.advise",
     "verl_operator.commands.crd",
     "verl_operator.commands.render",
     "verl_operator.commands.run",

@@ -279,6 +279,18 @@ def build_crd() -> dict[str, Any]:
                         {"name": "GPUs", "type": "integer", "jsonPath": ".spec.resources.gpus"},
                         {"name": "Mesh", "type": "string", "jsonPath": ".status.mesh"},
                         {"name": "Nodes", "type": "string", "jsonPath": ".status.nodes"},
+                        {"name": "Step", "type": "string", "jsonPath": ".status.progress.columns.step"},
+                        {
+                            "name": "Step time",
+                            "type": "string",
+                            "jsonPath": ".status.progress.columns.stepTime",
+                        },
+                        {
+                            "name": "Gen %",
+                            "type": "string",
+                            "jsonPath": ".status.progress.columns.generation",
+                        },
+                        {"name": "ETA", "type": "string", "jsonPath": ".status.progress.columns.eta"},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],
                     "schema": {"openAPIV3Schema": root},

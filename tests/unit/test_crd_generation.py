@@ -105,6 +105,10 @@ def test_names_columns_and_status() -> None:
         "GPUs": ".spec.resources.gpus",
         "Mesh": ".status.mesh",
         "Nodes": ".status.nodes",
+        "Step": ".status.progress.columns.step",
+        "Step time": ".status.progress.columns.stepTime",
+        "Gen %": ".status.progress.columns.generation",
+        "ETA": ".status.progress.columns.eta",
         "Age": ".metadata.creationTimestamp",
     }
 

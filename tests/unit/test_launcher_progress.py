@@ -95,7 +95,10 @@ def test_tracker_writes_file_and_summary(tmp_path: Path) -> None:
     assert doc["step"] == 5 and doc["throughput"] == 90 and "stepSeconds" not in doc
 
 
-keys = st.from_regex(r"[a-z_]{1,8}(/[a-z_@0-9]{1,8}){0,3}", fullmatch=True)
+# Keys under releases-before-0.3's "timing/" are read as "timing_s/" (test_advisor covers that rename).
+keys = st.from_regex(r"[a-z_]{1,8}(/[a-z_@0-9]{1,8}){0,3}", fullmatch=True).filter(
+    lambda k: not k.startswith("timing/")
+)
 values = st.one_of(st.integers(-(10**9), 10**9), st.floats(allow_nan=False, allow_infinity=False))
 
 

@@ -378,6 +378,63 @@ class CheckpointSpec(ApiModel):
     )
 
 
+class StallSpec(ApiModel):
+    """When a running job counts as hung, and what the operator does then (docs/operator.md, "Progress")."""
+
+    ray_forming_seconds: int = Field(
+        default=900,
+        ge=30,
+        le=L.MAX_SECONDS,
+        description="Pods run but the Ray cluster has not formed (every node joined and checked) after this long.",
+    )
+    verl_start_seconds: int = Field(
+        default=600,
+        ge=30,
+        le=L.MAX_SECONDS,
+        description="The Ray cluster formed but verl has not started after this long.",
+    )
+    first_step_seconds: int = Field(
+        default=3600,
+        ge=30,
+        le=L.MAX_SECONDS,
+        description="verl started (model load, rollout engine start-up, first generation) but logged no step after this long.",
+    )
+    step_factor: float = Field(
+        default=5.0,
+        ge=1.5,
+        le=100.0,
+        description="After the first step: no new step within stepFactor x the median recent step time is a stall.",
+    )
+    min_step_seconds: int = Field(
+        default=900,
+        ge=30,
+        le=L.MAX_SECONDS,
+        description="The floor of that deadline (a checkpoint or validation step takes longer than a step).",
+    )
+    action: Literal["none", "restart", "fail"] = Field(
+        default="none",
+        description=(
+            "What a stall does besides the Stalled condition and a Warning event: none; restart (a new Ray "
+            "cluster, counted against backoffLimit; verl resumes from its last checkpoint); fail."
+        ),
+    )
+
+
+class MonitoringSpec(ApiModel):
+    """How the operator follows a running job's steps (read from the head pod's progress endpoint)."""
+
+    enabled: bool = Field(
+        default=True, description="Read the head pod's progress endpoint into status.progress."
+    )
+    status_interval_seconds: int = Field(
+        default=30,
+        ge=5,
+        le=L.MAX_SECONDS,
+        description="At most one progress status write per job in this many seconds (conditions change at once).",
+    )
+    stall: StallSpec = Field(default_factory=StallSpec, description=StallSpec.__doc__)
+
+
 class _PassThrough(BaseModel):
     """A core/v1 object passed to the pods: the fields the operator reads or that users get wrong are typed
     (strict: ``"true"`` is not a boolean, as for the API server), any other field is kept as written
@@ -573,6 +630,10 @@ class VerlJobSpec(ApiModel):
         ge=0,
         le=L.MAX_SECONDS,
         description="Delete the finished job this many seconds after it ends.",
+    )
+    monitoring: MonitoringSpec = Field(
+        default_factory=MonitoringSpec,
+        description="Progress in status.progress and stall detection (deadlines and the action).",
     )
 
 

@@ -76,6 +76,59 @@ class PlacementStatus(ApiModel):
     )
 
 
+#: The most phases status.progress lists (verl logs about a dozen).
+MAX_PROGRESS_PHASES = 32
+
+
+class ProgressColumns(ApiModel):
+    """status.progress as kubectl's printer columns show it."""
+
+    step: str = Field(default="", description="12/300 (the step, of the total when known).")
+    step_time: str = Field(default="", description="The last step's time, e.g. 93.5s.")
+    generation: str = Field(default="", description="The generation share of the step, e.g. 55%.")
+    eta: str = Field(default="", description="The time left at the median recent step time, e.g. 7h47m.")
+
+
+class ProgressAdvice(ApiModel):
+    """The advisor's first change for the run (verl-operator advise), once enough steps are in."""
+
+    setting: str = Field(description="A spec. path or a verl override key.")
+    value: str = Field(description="The value, as JSON text.")
+    reason: str = Field(description="Why, with the run's numbers.")
+
+
+class ProgressStatus(ApiModel):
+    """The running job's steps, read from the head pod's progress endpoint (written at most every
+    spec.monitoring.statusIntervalSeconds)."""
+
+    step: int = Field(default=0, description="The last step verl logged (0 before the first).")
+    total_steps: int | None = Field(default=None, description="verl's total training steps.")
+    step_seconds: float | None = Field(default=None, description="The last step's timing_s/step.")
+    phases: dict[str, float] = Field(
+        default_factory=dict,
+        max_length=MAX_PROGRESS_PHASES,
+        description="The last step's phase seconds by verl's timer name (gen, old_log_prob, ref, update_actor, ...).",
+    )
+    generation_share: float | None = Field(default=None, description="timing_s/gen / timing_s/step.")
+    throughput_per_gpu: float | None = Field(default=None, description="perf/throughput: tokens/s per GPU.")
+    mfu: float | None = Field(default=None, description="perf/mfu/actor where verl reports one in (0, 1].")
+    eta_seconds: int | None = Field(
+        default=None, description="Steps left x the median recent step time (null without a total)."
+    )
+    last_step_time: str | None = Field(
+        default=None, description="When the last step was logged.", json_schema_extra=_TIME
+    )
+    updated_at: str | None = Field(
+        default=None, description="When this was written.", json_schema_extra=_TIME
+    )
+    launch_phase: str | None = Field(
+        default=None,
+        description="RayForming, RayFormed, VerlStarted, Stepping or Finished (the head's launcher).",
+    )
+    columns: ProgressColumns = Field(default_factory=ProgressColumns, description=ProgressColumns.__doc__)
+    advice: ProgressAdvice | None = Field(default=None, description=ProgressAdvice.__doc__)
+
+
 class VerlJobStatus(ApiModel):
     """Observed state of a VerlJob, written by the operator only."""
 
@@ -106,10 +159,11 @@ class VerlJobStatus(ApiModel):
     violations: list[Violation] | None = Field(
         default=None, description="Planner violations when the job is Invalid."
     )
+    progress: ProgressStatus | None = Field(default=None, description=ProgressStatus.__doc__)
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Conditions in the metav1.Condition shape (Valid, Planned, Placed, Ready, Complete, "
-        "Failed, Reconciling, Stalled).",
+        "Failed, Reconciling, Stalled, Progressing).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
 
@@ -146,6 +200,7 @@ class StatusChange(BaseModel):
     plan: Plan | None = None
     placement: PlacementStatus | None = None
     violations: list[Violation] | None = None
+    progress: ProgressStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
     def fields(self) -> dict[str, Any]:

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from verl_contract.progress import PROGRESS_PORT
+
 DEFAULT_LISTEN = "127.0.0.1"
 #: The chart sets this to the operator's own image (Ray pods copy the launcher from it).
 LAUNCHER_IMAGE_ENV = "VERL_OPERATOR_LAUNCHER_IMAGE"
@@ -108,6 +110,13 @@ def add_parser(subparsers: Any) -> None:
         metavar="S",
         help="seconds between two attempts to acquire or renew (default 2)",
     )
+    p.add_argument(
+        "--progress-port",
+        type=int,
+        default=PROGRESS_PORT,
+        metavar="PORT",
+        help=f"port of the head pods' progress endpoint the operator reads (default {PROGRESS_PORT})",
+    )
     p.add_argument("--workdir", default=None, help="directory for generated files (default: a temp dir)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     p.set_defaults(func=run)
@@ -172,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         lease_duration=args.leader_election_lease_duration,
         renew_deadline=args.leader_election_renew_deadline,
         retry_period=args.leader_election_retry_period,
+        progress_port=args.progress_port,
     )
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

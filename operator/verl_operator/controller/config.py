@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from verl_contract.progress import PROGRESS_PORT
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -35,6 +37,7 @@ class RunConfig:
         lease_duration: Seconds a standby waits after the Lease's last change before it takes it over.
         renew_deadline: Seconds the leader keeps reconciling without a successful renew.
         retry_period: Seconds between two attempts to acquire or renew.
+        progress_port: The head pods' progress endpoint port (the launcher's ``--progress-port``).
     """
 
     kubeconfig: str | None = None
@@ -57,6 +60,7 @@ class RunConfig:
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
+    progress_port: int = PROGRESS_PORT
 
 
 CONFIG: list[RunConfig] = [RunConfig()]

@@ -33,6 +33,7 @@ from verl_operator.controller.leader import (
     LeaderElector,
     default_identity,
 )
+from verl_operator.controller.progress_client import ProgressClient
 from verl_operator.controller.proofs import PROOFS, children_key, permission_key, quota_key
 from verl_operator.controller.reconcile import JobReconciler
 from verl_operator.controller.runtime import RUNTIME
@@ -381,6 +382,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         node_facts=cache.facts_of,
         calls=calls,
         retry_now=cache.take_retry,
+        progress=ProgressClient(port=cfg.progress_port).read,
     )
     if elector is None:
         metrics.LEADER.set(1)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from verl_operator.api.status import PHASES
+from verl_operator.api.status import PHASES, VerlJobStatus
 
 JOBS = Gauge("verl_operator_jobs", "VerlJobs by phase.", ["phase"])
 PLANNING_SECONDS = Histogram(
@@ -55,3 +57,80 @@ def set_job_phases(phases: Iterable[str | None]) -> None:
         counts[key] += 1
     for phase, count in counts.items():
         JOBS.labels(phase=phase).set(count)
+
+
+# -- per-job progress (status.progress of Running jobs; removed when the job stops running or goes) ---------
+_JOB = ["namespace", "job"]
+JOB_STEP = Gauge("verl_operator_job_step", "The last step verl logged.", _JOB)
+JOB_TOTAL_STEPS = Gauge("verl_operator_job_total_steps", "verl's total training steps.", _JOB)
+JOB_STEP_SECONDS = Gauge("verl_operator_job_step_seconds", "The last step's time (timing_s/step).", _JOB)
+JOB_PHASE_SECONDS = Gauge(
+    "verl_operator_job_phase_seconds",
+    "The last step's seconds in each phase (verl's timer names).",
+    [*_JOB, "phase"],
+)
+JOB_THROUGHPUT = Gauge("verl_operator_job_throughput_per_gpu", "perf/throughput: tokens/s per GPU.", _JOB)
+JOB_MFU = Gauge("verl_operator_job_mfu", "perf/mfu/actor, where verl reports one.", _JOB)
+JOB_GENERATION_SHARE = Gauge(
+    "verl_operator_job_generation_share", "timing_s/gen over timing_s/step of the last step.", _JOB
+)
+JOB_STALLED = Gauge(
+    "verl_operator_job_stalled", "1 while the job is Stalled (no step within its deadline).", _JOB
+)
+_PER_JOB = (
+    JOB_STEP,
+    JOB_TOTAL_STEPS,
+    JOB_STEP_SECONDS,
+    JOB_THROUGHPUT,
+    JOB_MFU,
+    JOB_GENERATION_SHARE,
+    JOB_STALLED,
+)
+#: The phase labels set per job, to remove them with the job.
+_PHASES: dict[tuple[str, str], set[str]] = {}
+_PHASES_LOCK = threading.Lock()
+
+
+def forget_job(namespace: str, job: str) -> None:
+    """Remove every per-job series of ``namespace/job``."""
+    for gauge in _PER_JOB:
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, job)
+    with _PHASES_LOCK:
+        phases = _PHASES.pop((namespace, job), set())
+    for phase in phases:
+        with contextlib.suppress(KeyError):
+            JOB_PHASE_SECONDS.remove(namespace, job, phase)
+
+
+def set_job_progress(namespace: str, job: str, status: VerlJobStatus) -> None:
+    """Set the per-job series from a status written for ``namespace/job`` (a job not Running has none)."""
+    progress = status.progress
+    if status.phase != "Running" or progress is None:
+        forget_job(namespace, job)
+        return
+    key = (namespace, job)
+    JOB_STEP.labels(namespace, job).set(progress.step)
+    values = (
+        (JOB_TOTAL_STEPS, progress.total_steps),
+        (JOB_STEP_SECONDS, progress.step_seconds),
+        (JOB_THROUGHPUT, progress.throughput_per_gpu),
+        (JOB_MFU, progress.mfu),
+        (JOB_GENERATION_SHARE, progress.generation_share),
+    )
+    for gauge, value in values:
+        if value is None:
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, job)
+        else:
+            gauge.labels(namespace, job).set(value)
+    stalled = status.condition("Stalled")
+    JOB_STALLED.labels(namespace, job).set(1 if stalled is not None and stalled.status == "True" else 0)
+    with _PHASES_LOCK:
+        old = _PHASES.get(key, set())
+        _PHASES[key] = set(progress.phases)
+    for phase in old - set(progress.phases):
+        with contextlib.suppress(KeyError):
+            JOB_PHASE_SECONDS.remove(namespace, job, phase)
+    for phase, seconds in progress.phases.items():
+        JOB_PHASE_SECONDS.labels(namespace, job, phase).set(seconds)

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl_operator.api.status import VerlJobStatus
+from verl_operator.controller.progress import ProgressReading
 from verl_operator.controller.snapshot import Snapshot
 from verl_operator.controller.status import format_time
+from verl_operator.planner.facts import NodeFacts
 
 Reservation = tuple[str, tuple[str, ...], int]
 
@@ -34,6 +36,8 @@ class Observed:
             that may have been in its way changed).
         workload: For a job handed to Kueue, the Workload of its current pod group when the pass read it
             (:func:`verl_operator.controller.kueue.wants_workload`); None otherwise.
+        progress: For a Running job, what its head pod's progress endpoint said (None: not read).
+        nodes: For a Running job, its nodes' facts (the advisor re-plans its advice on them).
     """
 
     job: Mapping[str, Any]
@@ -46,6 +50,8 @@ class Observed:
     node_states: Mapping[str, str] = field(default_factory=dict)
     retry_now: bool = False
     workload: Mapping[str, Any] | None = None
+    progress: ProgressReading | None = None
+    nodes: Sequence[NodeFacts] = ()
 
     @property
     def generation(self) -> int:

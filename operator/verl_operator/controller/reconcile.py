@@ -30,6 +30,7 @@ from verl_operator.controller.decide import (
 from verl_operator.controller.kube import KubeAPI, MissingAPIError
 from verl_operator.controller.kueue import wants_workload
 from verl_operator.controller.observed import Observed
+from verl_operator.controller.progress import ProgressReading
 from verl_operator.controller.proofs import PROOFS
 from verl_operator.controller.refused import ChildBlocked, ChildRefused
 from verl_operator.controller.snapshot import Reservations, Snapshot
@@ -42,6 +43,9 @@ log = logging.getLogger("verl_operator.reconcile")
 
 #: The snapshot of a pass that places nothing (a placed job's pass reads no cluster state).
 EMPTY = Snapshot(nodes=(), pod_entries=(), reservations=())
+
+#: Reads a Running job's progress: (job, its pods, the current attempt) -> the reading (None: not read).
+ProgressSource = Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]], int], ProgressReading | None]
 
 #: Test hook: seconds to sleep between creating two pods (lets a test kill the operator mid-creation).
 CREATE_DELAY_ENV = "VERL_OPERATOR_CREATE_DELAY_SECONDS"
@@ -64,6 +68,8 @@ class JobReconciler:
             round trip); None makes them one after the other, in order.
         retry_now: True once for a job whose pods could not be created when something that may have been
             in their way changed (a PriorityClass): it is tried at once instead of at its retry time.
+        progress: Reads a Running job's progress from its head pod
+            (:class:`~verl_operator.controller.progress_client.ProgressClient`); None reads none.
     """
 
     def __init__(
@@ -74,7 +80,9 @@ class JobReconciler:
         node_facts: Callable[[str], NodeFacts | None] | None = None,
         calls: Executor | None = None,
         retry_now: Callable[[str, str], bool] | None = None,
+        progress: ProgressSource | None = None,
     ) -> None:
+        self.progress = progress
         self.calls = calls
         self.retry_now = retry_now or (lambda namespace, name: False)
         self.kube = kube
@@ -89,6 +97,7 @@ class JobReconciler:
         job = self.kube.get_job(namespace, name)
         pods = self.kube.job_pods(namespace, name)
         if job is None:
+            metrics.forget_job(namespace, name)
             self.apply(namespace, None, VerlJobStatus(), release_orphans(name, pods))
             return
         status = parse_status(job.get("status"))
@@ -96,7 +105,14 @@ class JobReconciler:
             workload = None
             if wants_workload(status, pods):  # Kueue holds or evicted the pods: its Workload says why
                 workload = self.kube.read_workload(namespace, kueue_group(name, status.attempt))
-            self._pass(namespace, job, status, pods, EMPTY, self.node_states(status), workload)
+            reading, facts = None, []
+            if self.progress is not None and status.phase == "Running":
+                reading = self.progress(job, pods, status.attempt)
+                placed = status.placement.nodes if status.placement else []
+                facts = [f for f in map(self.node_facts, placed) if f is not None]
+            self._pass(
+                namespace, job, status, pods, EMPTY, self.node_states(status), workload, reading, facts
+            )
             return
         self._pass(namespace, job, status, pods, None)
 
@@ -109,6 +125,8 @@ class JobReconciler:
         snap: Snapshot | None,
         node_states: Mapping[str, str] | None = None,
         workload: Mapping[str, Any] | None = None,
+        progress: ProgressReading | None = None,
+        facts: Sequence[NodeFacts] = (),
     ) -> None:
         """Decide and apply (twice when the first transition created pods).
 
@@ -138,6 +156,8 @@ class JobReconciler:
                     dict(node_states or {}),
                     retry_now=retry,
                     workload=workload,
+                    progress=progress,
+                    nodes=facts,
                 )
                 transition = decide(seen)
                 if snap is None and transition.reserve is not None:
@@ -207,6 +227,7 @@ class JobReconciler:
         self._ensure_children(ns, t.create, set() if ensured is None else ensured)
         self._each(lambda pod: self.kube.ungate(ns, pod), t.ungate)  # every pod exists: release them
         if t.status is not None:
+            metrics.set_job_progress(ns, name, t.status)
             patch = merge_patch(old.to_wire(), t.status.to_wire())
             if patch:
                 try:

@@ -7,15 +7,20 @@ every case.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from verl_contract.progress import ProgressDocument
+from verl_contract.verl_metrics import StepRecord
+from verl_operator.advisor import advise, analyse
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.api.status import Condition, Phase, StatusChange, VerlJobStatus
+from verl_operator.api.status import Condition, Phase, ProgressAdvice, StatusChange, VerlJobStatus
 from verl_operator.controller.assess import Verdict, assess, pod_phase
 from verl_operator.controller.kueue import kueue_transition
 from verl_operator.controller.pipeline import children_of
-from verl_operator.controller.status import condition, parse_time
+from verl_operator.controller.progress import STALL_REASONS, Followed, follow
+from verl_operator.controller.status import bounded, condition, parse_time
 from verl_operator.controller.transition import Event, Transition, advance, on_change
 from verl_operator.manifests.names import GANG_GATE, LABEL_ATTEMPT
 
@@ -66,7 +71,10 @@ def run(seen: Observed, spec: VerlJobSpec) -> Transition:
     if verdict.action == "create":
         return _create(seen, tuple(children), wanted, current, stale)
     if verdict.action == "running":
-        return _running(seen, verdict, wanted, current, stale)
+        followed = _follow(seen, spec)
+        if followed is not None and followed.stalled is not None and followed.action != "none":
+            return _end_attempt(seen, _stall_verdict(seen, spec, followed), current, stale)
+        return _running(seen, verdict, wanted, current, stale, followed)
     new = _advance(seen, "Starting", verdict.reason, verdict.message)
     return Transition(status=new, delete=stale)
 
@@ -178,12 +186,71 @@ def _create(
     )
 
 
+def _follow(seen: Observed, spec: VerlJobSpec) -> Followed | None:
+    """The progress of a Running job from its head pod's reading (None: not read, or monitoring off)."""
+    if seen.progress is None or not spec.monitoring.enabled:
+        return None
+    before = seen.status.condition("Stalled")
+    stalled = (
+        before if before is not None and before.status == "True" and before.reason in STALL_REASONS else None
+    )
+    return follow(
+        seen.status.progress,
+        seen.progress,
+        spec.monitoring,
+        stalled_before=stalled,
+        now=seen.now,
+        generation=seen.generation,
+        advise=lambda doc: _advise(seen, spec, doc),
+    )
+
+
+def _advise(seen: Observed, spec: VerlJobSpec, doc: ProgressDocument) -> ProgressAdvice | None:
+    """The advisor's first change for the run's recent steps, re-planned on the job's own nodes."""
+    plan = seen.status.plan
+    if plan is None or not seen.nodes:
+        return None
+    records = [
+        StepRecord(s.step, {"timing_s/step": s.seconds, **{f"timing_s/{k}": v for k, v in s.phases.items()}})
+        for s in doc.recent
+    ]
+    report = advise(analyse(records), spec=spec, plan=plan, nodes=seen.nodes)
+    if not report.advice:
+        return None
+    first = report.advice[0]
+    return ProgressAdvice(setting=first.setting, value=json.dumps(first.value), reason=bounded(first.reason))
+
+
+def _stall_verdict(seen: Observed, spec: VerlJobSpec, followed: Followed) -> Verdict:
+    """A stall whose action is restart (within backoffLimit) or fail ends the attempt."""
+    assert followed.stalled is not None
+    reason, message = followed.stalled
+    restarts = seen.status.restarts
+    if followed.action == "restart" and restarts < spec.backoff_limit:
+        return Verdict(
+            "restart", "Stalled", f"{message}; restart {restarts + 1} of backoffLimit {spec.backoff_limit}"
+        )
+    if followed.action == "restart":
+        return Verdict("fail", reason, f"{message}; backoffLimit {spec.backoff_limit} reached")
+    return Verdict("fail", reason, message)
+
+
 def _running(
-    seen: Observed, verdict: Verdict, wanted: list[str], current: Pods, stale: tuple[str, ...]
+    seen: Observed,
+    verdict: Verdict,
+    wanted: list[str],
+    current: Pods,
+    stale: tuple[str, ...],
+    followed: Followed | None = None,
 ) -> Transition:
-    """Every pod runs: ``Running``, and ``Ready`` names each pod and its node."""
+    """Every pod runs: ``Running``, and ``Ready`` names each pod and its node; with a progress reading,
+    ``status.progress``, ``Progressing`` (and ``Stalled`` while no step comes in time)."""
     where = ", ".join(f"{n}@{(current[n].get('spec') or {}).get('nodeName')}" for n in wanted)
     ready = condition("Ready", True, verdict.reason, where, seen.generation, seen.stamp)
-    new = _advance(seen, "Running", verdict.reason, verdict.message, conditions=[ready])
-    event = Event("Normal", "Running", f"all Ray pods running: {where}")
-    return Transition(status=new, event=on_change(seen.status, new, event), delete=stale)
+    conditions = [ready, *(followed.conditions if followed is not None else ())]
+    changes = StatusChange(progress=followed.progress) if followed is not None else None
+    new = _advance(seen, "Running", verdict.reason, verdict.message, conditions=conditions, changes=changes)
+    event = on_change(seen.status, new, Event("Normal", "Running", f"all Ray pods running: {where}"))
+    if event is None and followed is not None:
+        event = followed.event
+    return Transition(status=new, event=event, delete=stale)

@@ -20,7 +20,7 @@ from verl_operator.controller.cache import JobKey, WatchCache
 from verl_operator.controller.decide import blocked_retry_due
 from verl_operator.controller.kueue import poll_due
 from verl_operator.controller.reconcile import JobReconciler
-from verl_operator.controller.timers import next_due
+from verl_operator.controller.timers import next_due, progress_due
 
 log = logging.getLogger("verl_operator.runtime")
 
@@ -120,7 +120,14 @@ class Runtime:
             self.running.discard(key)
             job = self.cache.job(ns, name)
             dues = (
-                [next_due(job), blocked_retry_due(job), poll_due(job, time.time())] if job is not None else []
+                [
+                    next_due(job),
+                    blocked_retry_due(job),
+                    poll_due(job, time.time()),
+                    progress_due(job, time.time()),
+                ]
+                if job is not None
+                else []
             )
             due = min((d for d in dues if d is not None), default=None)
             if due is not None:

@@ -14,6 +14,8 @@ from verl_operator.controller.status import parse_time
 #: Timestamps in status have whole seconds and the checks compare strictly (``elapsed > deadline``): wake a
 #: second late rather than a moment early.
 MARGIN_SECONDS = 1.0
+#: spec.monitoring.statusIntervalSeconds when the spec does not say (api.spec.MonitoringSpec's default).
+DEFAULT_STATUS_INTERVAL = 30
 
 
 def next_due(job: Mapping[str, Any]) -> float | None:
@@ -42,3 +44,13 @@ def next_due(job: Mapping[str, Any]) -> float | None:
     if deadline is None or started is None or phase == "Suspended" or spec.get("suspend"):
         return None
     return started + int(deadline) + MARGIN_SECONDS
+
+
+def progress_due(job: Mapping[str, Any], now: float) -> float | None:
+    """When a Running job's progress is read next: every ``spec.monitoring.statusIntervalSeconds`` (30 by
+    default) while it runs with monitoring on; None otherwise. Example: now 12:00:00Z -> 12:00:30Z."""
+    spec = job.get("spec") or {}
+    monitoring = spec.get("monitoring") or {}
+    if StatusView.of(job).phase != "Running" or monitoring.get("enabled") is False:
+        return None
+    return now + float(monitoring.get("statusIntervalSeconds") or DEFAULT_STATUS_INTERVAL)
