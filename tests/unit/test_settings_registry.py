@@ -3,7 +3,7 @@ a setting added as one row is read, bounded and emitted with no other edit."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -16,6 +16,7 @@ from verl_operator.crdgen import build_crd
 from verl_operator.planner import plan_job
 from verl_operator.planner.dialect import INPUT_KEYS, READ_KEYS, Emitted, emit, format_value
 from verl_operator.planner.inputs import SPEC_PATHS, Settings, spec_value
+from verl_operator.planner.megatron import FSDP_ONLY_SETTINGS, MEGATRON_SETTINGS
 from verl_operator.planner.overrides import parse_overrides, read_owned
 from verl_operator.planner.reader import Reader
 
@@ -139,11 +140,141 @@ def test_a_new_row_gives_its_spec_field_bounds_and_description() -> None:
     assert WITH_DUMMY.plan_fields() == {**SETTINGS.plan_fields(), "dummy_knob": "dummy_knob"}
 
 
-# -- the product's tables are the rows' -----------------------------------------------------------------------
-def test_the_planner_tables_are_derived_from_the_rows() -> None:
-    assert SETTINGS.input_keys() == INPUT_KEYS and SETTINGS.read_keys() == READ_KEYS
-    assert SETTINGS.spec_paths() == SPEC_PATHS
+def test_a_row_the_plan_has_no_value_for_fails_loudly() -> None:
+    """An owned row whose setting no planner field carries would take the user's override out of the command
+    line and write none: the emitter refuses it, naming the row."""
+    orphan = SettingRow(
+        name="orphan_knob",
+        kind="int",
+        description="A knob no planner field carries.",
+        keys=("trainer.orphan_knob",),
+        emits=("trainer.orphan_knob",),
+    )
+    planned = _emitted(_settings(), "0.9")
+    with pytest.raises(LookupError, match=r"'orphan_knob' owns trainer\.orphan_knob"):
+        emit(planned, [], SETTINGS.with_rows(orphan))
+    # Applying only to the other engine, it is not emitted, so not refused.
+    assert emit(planned, [], SETTINGS.with_rows(replace(orphan, engine="megatron"))) == emit(planned, [])
+
+
+# -- the product's tables, against verl's own spellings ------------------------------------------------------
+def test_the_reader_tables_map_verls_keys_to_their_settings() -> None:
+    """Keys spelt as in verl 0.6.1's and 0.9.1's ``ppo_trainer.yaml`` / ``ppo_megatron_trainer.yaml``."""
+    owned = {
+        "data.train_batch_size": "train_batch_size",
+        "actor_rollout_ref.rollout.n": "rollout_n",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "sequence_parallel_size",
+        "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size": "sequence_parallel_size",
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": "dynamic_batch_size",
+        "critic.use_dynamic_bsz": "dynamic_batch_size",
+        "critic.megatron.pipeline_model_parallel_size": "megatron_pp",
+        "actor_rollout_ref.actor.ppo_micro_batch_size": "ppo_micro_batch_size_global",
+    }
+    read = {
+        "actor_rollout_ref.model.lora_rank": "lora_rank",
+        "actor_rollout_ref.rollout.max_num_seqs": "max_num_seqs",
+        "critic.ppo_mini_batch_size": "critic_ppo_mini_batch_size",
+        "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity": (
+            "megatron_recompute_granularity"
+        ),
+    }
+    assert {k: INPUT_KEYS.get(k) for k in owned} == owned
+    assert {k: READ_KEYS.get(k) for k in read} == read
     assert not set(INPUT_KEYS) & set(READ_KEYS)
+    assert {k: SPEC_PATHS.get(k) for k in ("rollout_n", "megatron_tp", "param_offload", "adv_estimator")} == {
+        "rollout_n": "spec.rollout.responsesPerPrompt",
+        "megatron_tp": "spec.parallelism.megatron.tensorParallelSize",
+        "param_offload": "spec.offload.params",
+        "adv_estimator": "spec.algorithm",
+    }
+
+
+def test_the_engine_lists_are_the_configs_own_settings() -> None:
+    """The settings of verl's Megatron config only (``*.megatron.*``) and of its FSDP config only."""
+    sizes = ["megatron_tp", "megatron_pp", "megatron_vpp", "megatron_cp", "megatron_ep", "megatron_etp"]
+    assert set(MEGATRON_SETTINGS) == {
+        *sizes,
+        *(f"critic_{s}" for s in sizes),
+        "megatron_sequence_parallel",
+        "megatron_param_offload",
+        "megatron_optimizer_offload",
+    }
+    assert set(FSDP_ONLY_SETTINGS) == {
+        "sequence_parallel_size",
+        "fsdp_size",
+        "param_offload",
+        "optimizer_offload",
+    }
+
+
+@pytest.mark.parametrize(
+    ("engine", "dynamic", "critic", "present", "absent"),
+    [
+        (
+            "fsdp",
+            False,
+            False,
+            [
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                "actor_rollout_ref.actor.fsdp_config.fsdp_size",
+            ],
+            [
+                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                "critic.model.path",
+                "critic.use_dynamic_bsz",
+            ],
+        ),
+        (
+            "fsdp",
+            True,
+            True,
+            [
+                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                "critic.model.path",
+                "critic.use_dynamic_bsz",
+            ],
+            ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu"],
+        ),
+        (
+            "megatron",
+            False,
+            True,
+            [
+                "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+                "critic.megatron.tensor_model_parallel_size",
+                "actor_rollout_ref.actor.megatron.param_offload",
+                "critic.ppo_micro_batch_size_per_gpu",
+            ],
+            [
+                "actor_rollout_ref.actor.fsdp_config.fsdp_size",
+                "actor_rollout_ref.actor.fsdp_config.param_offload",
+                "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size",  # unset: verl's none
+            ],
+        ),
+        (
+            "megatron",
+            False,
+            False,
+            ["actor_rollout_ref.ref.megatron.tensor_model_parallel_size"],
+            ["critic.megatron.tensor_model_parallel_size", "critic.model.path"],
+        ),
+    ],
+)
+def test_a_rows_keys_are_emitted_for_the_jobs_it_applies_to(
+    engine: str, dynamic: bool, critic: bool, present: list[str], absent: list[str]
+) -> None:
+    settings = replace(
+        _settings(),
+        training_engine=engine,
+        dynamic_batch_size=dynamic,
+        max_token_len_per_gpu=4096 if dynamic else None,
+        log_prob_max_token_len_per_gpu=4096 if dynamic else None,
+        critic_ppo_micro_batch_size_per_gpu=2,
+    )
+    keys = [o.split("=", 1)[0] for o in emit(replace(_emitted(settings, "0.9"), critic=critic), [])]
+    assert [k for k in present if k not in keys] == []
+    assert [k for k in absent if k in keys] == []
+    assert len(keys) == len(set(keys))
 
 
 def _crd_node(path: str) -> dict[str, Any]:

@@ -65,6 +65,12 @@ class SettingRow:
         emits_by_line: Release line -> the emitted keys where the lines spell them differently.
         bounds: The bounds of a number (the spec field's and a pinned override's).
         plan: The plan field that carries the chosen value, as a camelCase path under ``status.plan``.
+        engine: The training engine whose config has the keys: emitted for that engine only (``megatron``'s
+            keys also select the engine); None: both.
+        batching: Emitted only with dynamic batch size (``dynamic``: the token budgets) or only without it
+            (``static``: the micro-batch sizes); None: either way.
+        critic_only: Emitted only for a job with a critic.
+        optional: Emitted only when the plan has a value (None leaves the keys out).
     """
 
     name: str
@@ -77,10 +83,22 @@ class SettingRow:
     emits_by_line: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     bounds: Bounds | None = None
     plan: str | None = None
+    engine: Literal["fsdp", "megatron"] | None = None
+    batching: Literal["static", "dynamic"] | None = None
+    critic_only: bool = False
+    optional: bool = False
 
     def emitted(self, line: str) -> tuple[str, ...]:
         """The keys emitted for the release line ``line`` (none: the planner does not emit it)."""
         return self.emits_by_line.get(line, self.emits)
+
+    def applies(self, *, engine: str, dynamic: bool, critic: bool) -> bool:
+        """The row's keys belong on the command line of a job with this engine, batching and critic."""
+        return (
+            self.engine in (None, engine)
+            and self.batching in (None, "dynamic" if dynamic else "static")
+            and (critic or not self.critic_only)
+        )
 
     @property
     def spec_path(self) -> str | None:
@@ -118,6 +136,10 @@ class Registry:
     def read_keys(self) -> dict[str, str]:
         """Override key -> setting, for the keys the planner reads and passes through (``dialect.READ_KEYS``)."""
         return {key: row.name for row in self.rows if not row.owned for key in row.keys}
+
+    def engine_settings(self, engine: str) -> tuple[str, ...]:
+        """The owned settings that exist only in ``engine``'s config (``megatron``: their keys select it)."""
+        return tuple(row.name for row in self.rows if row.owned and row.engine == engine)
 
     def spec_paths(self) -> dict[str, str]:
         """Setting -> the spec field that pins it (``spec.data.trainBatchSize``), for those with one."""
@@ -224,6 +246,8 @@ _MEGATRON_DESCRIPTIONS = {
     "megatron_ep": "Megatron expert parallel size (mixture-of-experts models; the experts divide by it).",
     "megatron_etp": "Megatron expert tensor parallel size (the tensor parallel size unless set).",
 }
+#: The sizes verl leaves unset unless pinned (no virtual pipeline; ETP follows TP): emitted only when set.
+_MEGATRON_UNSET = ("megatron_vpp", "megatron_etp")
 MEGATRON_ROWS: tuple[SettingRow, ...] = (
     # Read from spec.parallelism.engine, actor.strategy / critic.strategy (their rows) and the
     # ``--config-name ppo_megatron_trainer`` of a pasted script; carried to the launcher as the config name.
@@ -247,6 +271,8 @@ MEGATRON_ROWS: tuple[SettingRow, ...] = (
             bounds=_int(1, L.MAX_PARALLEL),
             emits=(f"{ARR}.actor.megatron.{key}", f"{ARR}.ref.megatron.{key}"),
             plan=f"training.{wire}",
+            engine="megatron",
+            optional=name in _MEGATRON_UNSET,
         )
         for name, key, wire in MEGATRON_SIZES
     ),
@@ -258,6 +284,9 @@ MEGATRON_ROWS: tuple[SettingRow, ...] = (
             description=f"The critic's copy of {name}.",
             emits=(f"critic.megatron.{key}",),
             bounds=_int(1, L.MAX_PARALLEL),
+            engine="megatron",
+            critic_only=True,
+            optional=name in _MEGATRON_UNSET,
         )
         for name, key, _ in MEGATRON_SIZES
     ),
@@ -269,18 +298,21 @@ MEGATRON_ROWS: tuple[SettingRow, ...] = (
         f"{ARR}.ref.megatron.sequence_parallel",
         "critic.megatron.sequence_parallel",
         emit=False,
+        engine="megatron",
     ),
     _row(
         "megatron_param_offload",
         "bool",
         "The actor's Megatron parameter offload (spec.offload.params with the megatron engine).",
         f"{ARR}.actor.megatron.param_offload",
+        engine="megatron",
     ),
     _row(
         "megatron_optimizer_offload",
         "bool",
         "The actor's Megatron optimizer offload (spec.offload.optimizer with the megatron engine).",
         f"{ARR}.actor.megatron.optimizer_offload",
+        engine="megatron",
     ),
     # Read by the Megatron memory model (planner/megatron_memory.py) and passed through.
     _read(
@@ -452,6 +484,7 @@ SETTINGS = Registry(
             "Training parquet files (data.train_files).",
             "data.train_files",
             spec="data.trainFiles",
+            optional=True,
         ),
         _row(
             "val_files",
@@ -459,6 +492,7 @@ SETTINGS = Registry(
             "Validation parquet files (data.val_files).",
             "data.val_files",
             spec="data.valFiles",
+            optional=True,
         ),
         _row(
             "train_batch_size",
@@ -580,12 +614,14 @@ SETTINGS = Registry(
                 ),
             },
             emit=False,
+            engine="fsdp",
         ),
         _row(
             "use_remove_padding",
             "bool",
             "Micro-batches hold only real tokens (set by the planner with Ulysses SP).",
             f"{ARR}.model.use_remove_padding",
+            optional=True,
         ),
         _row(
             "fsdp_size",
@@ -595,6 +631,7 @@ SETTINGS = Registry(
             spec="parallelism.fsdpSize",
             bounds=_int(-1, L.MAX_GPUS),
             plan="fsdpSize",
+            engine="fsdp",
         ),
         _row(
             "param_offload",
@@ -602,6 +639,7 @@ SETTINGS = Registry(
             "Offload actor/ref parameters to CPU between phases.",
             f"{ARR}.actor.fsdp_config.param_offload",
             spec="offload.params",
+            engine="fsdp",
         ),
         _row(
             "optimizer_offload",
@@ -609,6 +647,7 @@ SETTINGS = Registry(
             "Offload the optimizer state to CPU between phases.",
             f"{ARR}.actor.fsdp_config.optimizer_offload",
             spec="offload.optimizer",
+            engine="fsdp",
         ),
         _row(
             "ppo_mini_batch_size",
@@ -643,6 +682,7 @@ SETTINGS = Registry(
             spec="batching.maxTokenLenPerGpu",
             bounds=_int(1, L.MAX_TOKEN_BUDGET),
             plan="batching.maxTokenLenPerGpu",
+            batching="dynamic",
         ),
         _row(
             "log_prob_max_token_len_per_gpu",
@@ -652,6 +692,7 @@ SETTINGS = Registry(
             f"{ARR}.ref.log_prob_max_token_len_per_gpu",
             bounds=_int(1, L.MAX_TOKEN_BUDGET),
             plan="batching.logProbMaxTokenLenPerGpu",
+            batching="dynamic",
         ),
         _row(
             "ppo_micro_batch_size_per_gpu",
@@ -661,6 +702,7 @@ SETTINGS = Registry(
             spec="batching.ppoMicroBatchSizePerGpu",
             bounds=_int(1, L.MAX_BATCH),
             plan="batching.ppoMicroBatchSizePerGpu",
+            batching="static",
         ),
         _row(
             "log_prob_micro_batch_size_per_gpu",
@@ -671,6 +713,7 @@ SETTINGS = Registry(
             spec="batching.logProbMicroBatchSizePerGpu",
             bounds=_int(1, L.MAX_BATCH),
             plan="batching.logProbMicroBatchSizePerGpu",
+            batching="static",
         ),
         _row(
             "critic_ppo_micro_batch_size_per_gpu",
@@ -678,6 +721,8 @@ SETTINGS = Registry(
             "The critic's sequences per GPU per forward/backward.",
             "critic.ppo_micro_batch_size_per_gpu",
             bounds=_int(1, L.MAX_BATCH),
+            batching="static",
+            critic_only=True,
         ),
         # The critic's copy of dynamic_batch_size: its key pins dynamic_batch_size (one input, keys that must
         # agree); this row only places the emitted key after the critic's micro-batch size.
@@ -686,6 +731,7 @@ SETTINGS = Registry(
             kind="bool",
             description="The critic's use_dynamic_bsz: the actor's value.",
             emits=("critic.use_dynamic_bsz",),
+            critic_only=True,
         ),
         _row(
             "critic_model_path",
@@ -693,6 +739,7 @@ SETTINGS = Registry(
             "The critic's model path (the actor's unless named).",
             "critic.model.path",
             spec="critic.model.path",
+            critic_only=True,
         ),
         # -- owned, not emitted: verl's deprecated global forms (the planner emits the _per_gpu forms) ---------
         _row(
