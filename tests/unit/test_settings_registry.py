@@ -4,12 +4,14 @@ a setting added as one row is read, bounded and emitted with no other edit."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import make_nodes, make_spec
 from pydantic import ValidationError, create_model
 
+from verl_operator.api import settings_codegen
 from verl_operator.api.settings_registry import SETTINGS, Bounds, Registry, SettingRow
 from verl_operator.api.spec import SUPPORTED_VERL_VERSIONS
 from verl_operator.crdgen import build_crd
@@ -155,6 +157,23 @@ def test_a_row_the_plan_has_no_value_for_fails_loudly() -> None:
         emit(planned, [], SETTINGS.with_rows(orphan))
     # Applying only to the other engine, it is not emitted, so not refused.
     assert emit(planned, [], SETTINGS.with_rows(replace(orphan, engine="megatron"))) == emit(planned, [])
+
+
+def test_the_generated_planner_views_are_the_rows() -> None:
+    """``planner/_settings_generated.py`` is what ``make settings`` writes from the rows now."""
+    with open(Path(__file__).parents[2] / settings_codegen.PATH, encoding="utf-8") as f:
+        assert f.read() == settings_codegen.render(), "run `make settings`"
+
+
+def test_a_chosen_row_becomes_a_typed_field_of_the_candidate_and_the_pin() -> None:
+    chosen = replace(DUMMY, search="choose", verl_default=3)
+    text = settings_codegen.render(SETTINGS.with_rows(chosen))
+    candidate, pin = text.split("class Fixed:")
+    assert "    dummy_knob: int = 3\n" in candidate and "    dummy_knob: int | None = None\n" in pin
+    text = settings_codegen.render(SETTINGS.with_rows(replace(chosen, batching="dynamic")))
+    assert "    dummy_knob: int | None = None\n" in text.split("class Fixed:")[0]
+    with pytest.raises(ValueError, match="cannot choose a value of kind 'paths'"):
+        settings_codegen.render(SETTINGS.with_rows(replace(chosen, kind="paths")))
 
 
 # -- the product's tables, against verl's own spellings ------------------------------------------------------

@@ -71,6 +71,10 @@ class SettingRow:
             (``static``: the micro-batch sizes); None: either way.
         critic_only: Emitted only for a job with a critic.
         optional: Emitted only when the plan has a value (None leaves the keys out).
+        search: ``choose``: the search decides the value (a field of the planner's ``Chosen``, the candidate,
+            and of ``Fixed``, the pin); ``pin``: the search only reads the pin (a field of ``Fixed``); None:
+            neither (``planner/_settings_generated.py``, written by ``make settings``).
+        verl_default: The value a chosen setting has where the job does not use it (verl's default).
     """
 
     name: str
@@ -87,6 +91,8 @@ class SettingRow:
     batching: Literal["static", "dynamic"] | None = None
     critic_only: bool = False
     optional: bool = False
+    search: Literal["choose", "pin"] | None = None
+    verl_default: int | float | bool | str | None = None
 
     def emitted(self, line: str) -> tuple[str, ...]:
         """The keys emitted for the release line ``line`` (none: the planner does not emit it)."""
@@ -273,6 +279,8 @@ MEGATRON_ROWS: tuple[SettingRow, ...] = (
             plan=f"training.{wire}",
             engine="megatron",
             optional=name in _MEGATRON_UNSET,
+            search="choose",
+            verl_default=None if name in _MEGATRON_UNSET else 1,
         )
         for name, key, wire in MEGATRON_SIZES
     ),
@@ -502,6 +510,7 @@ SETTINGS = Registry(
             spec="data.trainBatchSize",
             bounds=_int(1, L.MAX_BATCH),
             plan="batching.trainBatchSize",
+            search="choose",
         ),
         _row(
             "max_prompt_length",
@@ -560,6 +569,7 @@ SETTINGS = Registry(
             spec="rollout.responsesPerPrompt",
             bounds=_int(1, L.MAX_ROLLOUT_N),
             plan="batching.rolloutN",
+            search="choose",
         ),
         _row(
             "rollout_tp",
@@ -569,6 +579,7 @@ SETTINGS = Registry(
             spec="rollout.tensorParallelSize",
             bounds=_int(1, L.MAX_PARALLEL),
             plan="rollout.tensorParallelSize",
+            search="choose",
         ),
         _row(
             "gpu_memory_utilization",
@@ -578,6 +589,7 @@ SETTINGS = Registry(
             spec="rollout.gpuMemoryUtilization",
             bounds=Bounds(0, 1, low_exclusive=True),
             plan="rollout.gpuMemoryUtilization",
+            search="choose",
         ),
         _row(
             "max_model_len",
@@ -615,6 +627,7 @@ SETTINGS = Registry(
             },
             emit=False,
             engine="fsdp",
+            search="choose",
         ),
         _row(
             "use_remove_padding",
@@ -632,6 +645,7 @@ SETTINGS = Registry(
             bounds=_int(-1, L.MAX_GPUS),
             plan="fsdpSize",
             engine="fsdp",
+            search="choose",
         ),
         _row(
             "param_offload",
@@ -640,6 +654,7 @@ SETTINGS = Registry(
             f"{ARR}.actor.fsdp_config.param_offload",
             spec="offload.params",
             engine="fsdp",
+            search="choose",
         ),
         _row(
             "optimizer_offload",
@@ -648,6 +663,7 @@ SETTINGS = Registry(
             f"{ARR}.actor.fsdp_config.optimizer_offload",
             spec="offload.optimizer",
             engine="fsdp",
+            search="choose",
         ),
         _row(
             "ppo_mini_batch_size",
@@ -657,6 +673,7 @@ SETTINGS = Registry(
             spec="batching.ppoMiniBatchSize",
             bounds=_int(1, L.MAX_BATCH),
             plan="batching.ppoMiniBatchSize",
+            search="choose",
         ),
         _row(
             "dynamic_batch_size",
@@ -673,6 +690,7 @@ SETTINGS = Registry(
                 f"{ARR}.rollout.log_prob_use_dynamic_bsz",
                 f"{ARR}.ref.log_prob_use_dynamic_bsz",
             ),
+            search="choose",
         ),
         _row(
             "max_token_len_per_gpu",
@@ -683,6 +701,7 @@ SETTINGS = Registry(
             bounds=_int(1, L.MAX_TOKEN_BUDGET),
             plan="batching.maxTokenLenPerGpu",
             batching="dynamic",
+            search="choose",
         ),
         _row(
             "log_prob_max_token_len_per_gpu",
@@ -693,6 +712,7 @@ SETTINGS = Registry(
             bounds=_int(1, L.MAX_TOKEN_BUDGET),
             plan="batching.logProbMaxTokenLenPerGpu",
             batching="dynamic",
+            search="choose",
         ),
         _row(
             "ppo_micro_batch_size_per_gpu",
@@ -703,6 +723,7 @@ SETTINGS = Registry(
             bounds=_int(1, L.MAX_BATCH),
             plan="batching.ppoMicroBatchSizePerGpu",
             batching="static",
+            search="choose",
         ),
         _row(
             "log_prob_micro_batch_size_per_gpu",
@@ -714,6 +735,7 @@ SETTINGS = Registry(
             bounds=_int(1, L.MAX_BATCH),
             plan="batching.logProbMicroBatchSizePerGpu",
             batching="static",
+            search="choose",
         ),
         _row(
             "critic_ppo_micro_batch_size_per_gpu",
@@ -723,6 +745,7 @@ SETTINGS = Registry(
             bounds=_int(1, L.MAX_BATCH),
             batching="static",
             critic_only=True,
+            search="choose",
         ),
         # The critic's copy of dynamic_batch_size: its key pins dynamic_batch_size (one input, keys that must
         # agree); this row only places the emitted key after the critic's micro-batch size.
@@ -749,6 +772,7 @@ SETTINGS = Registry(
             f"{ARR}.actor.ppo_micro_batch_size",
             emit=False,
             bounds=_int(1, L.MAX_BATCH),
+            search="pin",
         ),
         _row(
             "log_prob_micro_batch_size_global",
@@ -758,6 +782,7 @@ SETTINGS = Registry(
             f"{ARR}.ref.log_prob_micro_batch_size",
             emit=False,
             bounds=_int(1, L.MAX_BATCH),
+            search="pin",
         ),
         _row(
             "critic_ppo_micro_batch_size_global",
@@ -766,6 +791,7 @@ SETTINGS = Registry(
             "critic.ppo_micro_batch_size",
             emit=False,
             bounds=_int(1, L.MAX_BATCH),
+            search="pin",
         ),
         # -- read (memory model, strategy checks) and passed through unchanged ------------------------------
         _read(
