@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import pytest
 from conftest import make_nodes, make_spec
 from pydantic import ValidationError, create_model
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from verl_operator.api import settings_codegen
 from verl_operator.api.settings_registry import SETTINGS, Bounds, Registry, SettingRow
-from verl_operator.api.spec import SUPPORTED_VERL_VERSIONS
+from verl_operator.api.spec import SUPPORTED_VERL_VERSIONS, Algorithm, VerlJobSpec
 from verl_operator.crdgen import build_crd
 from verl_operator.planner import plan_job
 from verl_operator.planner.dialect import INPUT_KEYS, READ_KEYS, Emitted, emit, format_value
@@ -316,6 +319,49 @@ def test_the_crd_field_of_a_setting_has_the_rows_bounds(row: SettingRow) -> None
     else:
         assert (node["minimum"], node["maximum"]) == (row.bounds.low, row.bounds.high)
         assert node.get("exclusiveMinimum", False) is row.bounds.low_exclusive
+
+
+def _spec_field(path: str) -> FieldInfo:
+    model: Any = VerlJobSpec
+    info: FieldInfo | None = None
+    for part in path.split("."):
+        info = next(f for name, f in model.model_fields.items() if part in (f.alias, name))
+        model = next((a for a in get_args(info.annotation) if isinstance(a, type)), info.annotation)
+    assert info is not None
+    return info
+
+
+#: The Python types a spec field of each kind may have (an optional field adds None).
+_KIND_TYPES: dict[str, set[Any]] = {
+    "int": {int},
+    "bool": {bool},
+    "float": {float},
+    "str": {str, Algorithm, Literal},
+    "paths": {list},
+}
+
+
+@pytest.mark.parametrize("row", [r for r in SETTINGS if r.spec is not None], ids=lambda r: r.name)
+def test_a_spec_field_takes_all_but_its_python_type_from_its_row(row: SettingRow) -> None:
+    info = _spec_field(str(row.spec))
+    annotation = info.annotation
+    members = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    types = {get_origin(a) or a for a in members} - {type(None)}
+    assert types <= _KIND_TYPES[row.kind], (row.name, info.annotation)
+    if row.spec in ("model.path", "critic.model.path"):
+        return  # ModelSpec's path, shared by the policy and the critic: the model's field
+    assert info.description == row.description
+    if row.kind == "paths":
+        assert info.default_factory is list and info.default is PydanticUndefined
+    else:
+        assert info.default == row.spec_default
+
+
+def test_a_rows_spec_default_is_the_spec_fields() -> None:
+    spec = make_spec(8)
+    assert (spec.data.max_prompt_length, spec.data.max_response_length) == (512, 512)
+    assert spec.algorithm is Algorithm.GRPO and spec.data.train_files == []
+    assert spec.rollout.responses_per_prompt is None
 
 
 def test_the_release_lines_are_the_apis() -> None:

@@ -75,6 +75,8 @@ class SettingRow:
             and of ``Fixed``, the pin); ``pin``: the search only reads the pin (a field of ``Fixed``); None:
             neither (``planner/_settings_generated.py``, written by ``make settings``).
         verl_default: The value a chosen setting has where the job does not use it (verl's default).
+        spec_default: The spec field's default (None: the field is optional and pins nothing unless set; a
+            ``paths`` field is an empty list, at most ``limits.MAX_FILES`` long).
     """
 
     name: str
@@ -93,6 +95,7 @@ class SettingRow:
     optional: bool = False
     search: Literal["choose", "pin"] | None = None
     verl_default: int | float | bool | str | None = None
+    spec_default: int | float | bool | str | None = None
 
     def emitted(self, line: str) -> tuple[str, ...]:
         """The keys emitted for the release line ``line`` (none: the planner does not emit it)."""
@@ -176,14 +179,22 @@ class Registry:
         return out
 
     def field(self, name: str, **kwargs: Any) -> Any:
-        """The pydantic ``Field`` of the spec field of ``name``: its description and bounds from the row,
-        everything else (the default) from ``kwargs``."""
+        """The pydantic ``Field`` of the spec field of ``name``: its description, bounds and default from the
+        row (``api.spec`` gives only the Python type); ``kwargs`` add to them."""
         row = self[name]
+        if row.spec is None:
+            raise ValueError(f"setting {name!r} has no spec field (its row's spec is None)")
         args: dict[str, Any] = {"description": row.description}
         if row.bounds is not None:
             args["gt" if row.bounds.low_exclusive else "ge"] = row.bounds.low
             args["le"] = row.bounds.high
-        return Field(**args, **kwargs)
+        if row.kind == "paths":
+            args.update(default_factory=list, max_length=L.MAX_FILES)
+        else:
+            args["default"] = row.spec_default
+            # A default given as text (an enum's value) becomes the field's type (``Algorithm.GRPO``).
+            args["validate_default"] = row.spec_default is not None
+        return Field(**{**args, **kwargs})
 
 
 def _snake(camel: str) -> str:
@@ -484,6 +495,7 @@ SETTINGS = Registry(
             "RL algorithm; ppo brings a critic.",
             "algorithm.adv_estimator",
             spec="algorithm",
+            spec_default="grpo",
         ),
         _row("model_path", "str", "The policy model's path.", f"{ARR}.model.path", spec="model.path"),
         _row(
@@ -518,6 +530,7 @@ SETTINGS = Registry(
             "data.max_prompt_length in tokens.",
             "data.max_prompt_length",
             spec="data.maxPromptLength",
+            spec_default=512,
             bounds=_int(1, L.MAX_TOKENS),
         ),
         _row(
@@ -526,6 +539,7 @@ SETTINGS = Registry(
             "data.max_response_length in tokens.",
             "data.max_response_length",
             spec="data.maxResponseLength",
+            spec_default=512,
             bounds=_int(1, L.MAX_TOKENS),
         ),
         _row(
