@@ -175,6 +175,9 @@ def test_a_chosen_row_becomes_a_typed_field_of_the_candidate_and_the_pin() -> No
     assert "    dummy_knob: int = 3\n" in candidate and "    dummy_knob: int | None = None\n" in pin
     text = settings_codegen.render(SETTINGS.with_rows(replace(chosen, batching="dynamic")))
     assert "    dummy_knob: int | None = None\n" in text.split("class Fixed:")[0]
+    kept = settings_codegen.render(SETTINGS.with_rows(replace(chosen, search="keep", optional=True)))
+    assert 'KEPT: tuple[str, ...] = ("dummy_knob",)' in kept
+    assert "    dummy_knob: int | None = None\n" in kept.split("class Fixed:")[0]
     with pytest.raises(ValueError, match="cannot choose a value of kind 'paths'"):
         settings_codegen.render(SETTINGS.with_rows(replace(chosen, kind="paths")))
 
@@ -401,6 +404,7 @@ def test_a_settings_plan_field_holds_the_value_its_keys_are_emitted_with(version
         (SettingRow("lost", "int", "x", emits=("trainer.lost",)), "no owned row reads"),
         (SettingRow("late", "int", "x", keys=("a.b",), emits_by_line={"0.7": ("a.b",)}), "no release line"),
         (SettingRow("upside", "int", "x", keys=("a.c",), bounds=Bounds(5, 1)), "not in order"),
+        (SettingRow("kept", "int", "x", keys=("a.d",), emits=("a.d",), search="keep"), "must be optional"),
     ],
 )
 def test_an_inconsistent_row_is_refused(row: SettingRow, message: str) -> None:

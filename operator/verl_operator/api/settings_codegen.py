@@ -2,13 +2,13 @@
 
 ``planner/_settings_generated.py`` holds two frozen dataclasses that mypy checks like any other code:
 
-- ``Chosen``: one field per row the search decides (``search="choose"``), the value of a candidate layout
-  (``planner.inputs.Settings`` adds the layout's own facts). Its type is the row's kind; a row emitted only in
-  some jobs (``batching``, ``critic_only``, ``optional``) may be None and is None unless set; a row with a
-  ``verl_default`` takes it unless set (the Megatron sizes are 1 for an FSDP candidate); any other is
-  required.
-- ``Fixed``: one field per row the search reads as pinned (``search="choose"`` or ``"pin"``), None unless
-  pinned.
+- ``Chosen``: one field per row the search decides or keeps (``search="choose"`` / ``"keep"``), the value of
+  a candidate layout (``planner.inputs.Settings`` adds the layout's own facts). Its type is the row's kind; a
+  row emitted only in some jobs (``batching``, ``critic_only``, ``optional``) may be None and is None unless
+  set; a row with a ``verl_default`` takes it unless set (the Megatron sizes are 1 for an FSDP candidate); any
+  other is required.
+- ``Fixed``: one field per row the search reads as pinned (any ``search``), None unless pinned.
+- ``KEPT``: the settings every candidate takes from ``Fixed`` as they are (``search="keep"``).
 
 ``make settings`` writes the module (``python -m verl_operator.api.settings_codegen``); a unit test fails
 when it differs from what the rows give.
@@ -16,6 +16,7 @@ when it differs from what the rows give.
 
 from __future__ import annotations
 
+import json
 import sys
 
 from verl_operator.api.settings_registry import SETTINGS, Registry, SettingRow
@@ -31,18 +32,31 @@ def _type(row: SettingRow) -> str:
     return _TYPES[row.kind]
 
 
+def _literal(value: object) -> str:
+    """``value`` as ruff formats it (strings in double quotes)."""
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _tuple(target: str, names: list[str]) -> list[str]:
+    """``target = (names)`` as ruff formats it: one name per line after the first."""
+    if len(names) < 2:
+        return [f"{target} = ({''.join(f'{_literal(n)},' for n in names)})"]
+    return [f"{target} = (", *(f"    {_literal(n)}," for n in names), ")"]
+
+
 def _chosen_field(row: SettingRow) -> str:
     kind = _type(row)
     if row.batching is not None or row.critic_only or row.optional:
         return f"{row.name}: {kind} | None = None"
     if row.verl_default is not None:
-        return f"{row.name}: {kind} = {row.verl_default!r}"
+        return f"{row.name}: {kind} = {_literal(row.verl_default)}"
     return f"{row.name}: {kind}"
 
 
 def render(registry: Registry = SETTINGS) -> str:
     """The module's text for ``registry``'s rows (row order)."""
-    chosen = [_chosen_field(row) for row in registry if row.search == "choose"]
+    chosen = [_chosen_field(row) for row in registry if row.search in ("choose", "keep")]
+    kept = [row.name for row in registry if row.search == "keep"]
     fixed = [f"{row.name}: {_type(row)} | None = None" for row in registry if row.search is not None]
     lines = [
         '"""The planner\'s views of the settings registry: written by ``make settings`` from',
@@ -53,10 +67,13 @@ def render(registry: Registry = SETTINGS) -> str:
         "",
         "from dataclasses import dataclass",
         "",
+        '#: The settings every candidate keeps as pinned (``search="keep"``).',
+        *_tuple("KEPT: tuple[str, ...]", kept),
+        "",
         "",
         "@dataclass(frozen=True, kw_only=True)",
         "class Chosen:",
-        '    """The settings the search chooses for one candidate (the rows with ``search="choose"``)."""',
+        '    """The settings of one candidate: chosen by the search or kept as pinned (``search`` rows)."""',
         "",
         *(f"    {line}" for line in chosen),
         "",

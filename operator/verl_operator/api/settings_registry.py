@@ -72,8 +72,9 @@ class SettingRow:
         critic_only: Emitted only for a job with a critic.
         optional: Emitted only when the plan has a value (None leaves the keys out).
         search: ``choose``: the search decides the value (a field of the planner's ``Chosen``, the candidate,
-            and of ``Fixed``, the pin); ``pin``: the search only reads the pin (a field of ``Fixed``); None:
-            neither (``planner/_settings_generated.py``, written by ``make settings``).
+            and of ``Fixed``, the pin); ``keep``: every candidate keeps the pin as it is (None unless pinned;
+            the rules check it, the emitter writes it back: ``optional``); ``pin``: the search only reads the
+            pin (a field of ``Fixed``); None: neither (``planner/_settings_generated.py``, ``make settings``).
         verl_default: The value a chosen setting has where the job does not use it (verl's default).
         spec_default: The spec field's default (None: the field is optional and pins nothing unless set; a
             ``paths`` field is an empty list, at most ``limits.MAX_FILES`` long).
@@ -93,7 +94,7 @@ class SettingRow:
     batching: Literal["static", "dynamic"] | None = None
     critic_only: bool = False
     optional: bool = False
-    search: Literal["choose", "pin"] | None = None
+    search: Literal["choose", "keep", "pin"] | None = None
     verl_default: int | float | bool | str | None = None
     spec_default: int | float | bool | str | None = None
 
@@ -218,6 +219,10 @@ def _check(rows: tuple[SettingRow, ...]) -> None:
             raise ValueError(f"setting {row.name!r}: bounds {row.bounds} are not in order")
         if unknown := set(row.emits_by_line) - set(LINES):
             raise ValueError(f"setting {row.name!r}: no release line {sorted(unknown)}")
+        if row.search == "keep" and not row.optional:
+            raise ValueError(
+                f"setting {row.name!r} is kept as pinned (None unless pinned): it must be optional"
+            )
     owned = {key for row in rows if row.owned for key in row.keys}
     for row in rows:
         for line in LINES:

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: The settings every candidate keeps as pinned (``search="keep"``).
+KEPT: tuple[str, ...] = ()
+
 
 @dataclass(frozen=True, kw_only=True)
 class Chosen:
-    """The settings the search chooses for one candidate (the rows with ``search="choose"``)."""
+    """The settings of one candidate: chosen by the search or kept as pinned (``search`` rows)."""
 
     train_batch_size: int
     rollout_n: int

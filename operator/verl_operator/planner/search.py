@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from verl_operator.api.plan import Violation
 from verl_operator.planner import arith, megatron, rules, rules_critic, rules_megatron, rules_rollout
+from verl_operator.planner._settings_generated import KEPT
 from verl_operator.planner.budget import spend
 from verl_operator.planner.cluster import Layout
 from verl_operator.planner.inputs import Fixed, Problem, Settings
@@ -225,6 +226,8 @@ def _base_settings(layout: Layout, fixed: Fixed, tb: int, n: int, sp: int, fsdp:
         log_prob_max_token_len_per_gpu=fixed.log_prob_max_token_len_per_gpu,
         param_offload=bool(fixed.param_offload),
         optimizer_offload=bool(fixed.optimizer_offload),
+        # The settings the search keeps as pinned (the rules check them; the emitter writes them back).
+        **{name: getattr(fixed, name) for name in KEPT},
     )
 
 
