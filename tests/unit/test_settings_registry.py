@@ -1,5 +1,6 @@
-"""The settings registry: the CRD's bounds, the override reader, the emitter and the plan come from its rows, so
-a setting added as one row is read, bounded and emitted with no other edit."""
+"""The settings registry: the CRD's fields, the override reader, the planner's generated views, the emitter and
+the plan come from its rows, so a setting added as one row is read, bounded and emitted with no other edit,
+and a row the plan has no value for is refused, never dropped."""
 
 from __future__ import annotations
 

@@ -6,16 +6,21 @@ spelling of every supported release line is accepted as input), the keys the pla
 line, its bounds, the plan field it lands in and its description. The tables used elsewhere are derived from
 the rows, never written again:
 
-- the CRD's bounds and descriptions of those spec fields (:meth:`Registry.field`, used by ``api.spec``);
+- the CRD's bounds, defaults and descriptions of those spec fields (:meth:`Registry.field`, used by
+  ``api.spec``, which gives only each field's Python type);
+- the planner's candidate and pins (``Chosen``, the base of ``planner.inputs.Settings``, and ``Fixed``),
+  written as typed code by ``make settings`` (``api/settings_codegen.py``; a unit test fails on drift);
 - the override reader's tables (``planner.dialect.INPUT_KEYS`` and ``READ_KEYS``), the spec paths named in
   violations (``planner.inputs.SPEC_PATHS``) and the structured fields merged into the pins;
 - the integer bounds applied to pinned overrides (``planner.reader``);
-- the keys the dialect emitter writes, in row order (``planner.dialect.emit``);
+- the keys the dialect emitter writes, in row order, for the jobs each row applies to (``engine``,
+  ``batching``, ``critic_only``, ``optional``; ``planner.dialect.emit``, which refuses a row it has no value
+  for), and the engine's settings (``planner.megatron.MEGATRON_SETTINGS``, ``FSDP_ONLY_SETTINGS``);
 - the plan fields that carry a setting as chosen (``planner.report``).
 
-Adding a setting is adding a row (see ``docs/planner.md``, "Settings registry: adding a setting"). The rows are
-plain data: the api layer is the bottom of the import layers, so the planner reads it and it imports no
-planner code.
+Adding a setting is adding a row, the rule or search step that uses it and its tests (see ``docs/planner.md``,
+"Settings registry: adding a setting"). The rows are plain data: the api layer is the bottom of the import
+layers, so the planner reads it and it imports no planner code.
 """
 
 from __future__ import annotations
