@@ -291,13 +291,15 @@ def test_a_rows_keys_are_emitted_for_the_jobs_it_applies_to(
 ) -> None:
     settings = replace(
         _settings(),
-        training_engine=engine,
         dynamic_batch_size=dynamic,
         max_token_len_per_gpu=4096 if dynamic else None,
         log_prob_max_token_len_per_gpu=4096 if dynamic else None,
         critic_ppo_micro_batch_size_per_gpu=2,
     )
-    keys = [o.split("=", 1)[0] for o in emit(replace(_emitted(settings, "0.9"), critic=critic), [])]
+    keys = [
+        o.split("=", 1)[0]
+        for o in emit(replace(_emitted(settings, "0.9"), critic=critic, training_engine=engine), [])
+    ]
     assert [k for k in present if k not in keys] == []
     assert [k for k in absent if k in keys] == []
     assert len(keys) == len(set(keys))

@@ -62,6 +62,8 @@ class Emitted:
     dtype: str = "bfloat16"
     #: The rollout engine: vllm, sglang or trtllm.
     rollout_name: str = "vllm"
+    #: The training engine: fsdp or megatron (the rows of the other engine's config are not emitted).
+    training_engine: str = "fsdp"
 
 
 def emit(planned: Emitted, passthrough: Sequence[Override], registry: Registry = SETTINGS) -> list[str]:
@@ -86,7 +88,7 @@ def emit(planned: Emitted, passthrough: Sequence[Override], registry: Registry =
     for row in registry:
         keys = row.emitted(planned.version)
         if not keys or not row.applies(
-            engine=st.training_engine, dynamic=st.dynamic_batch_size, critic=planned.critic
+            engine=planned.training_engine, dynamic=st.dynamic_batch_size, critic=planned.critic
         ):
             continue
         if row.name not in known:

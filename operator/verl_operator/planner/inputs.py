@@ -25,8 +25,6 @@ class Settings(Chosen):
     world: int
     nnodes: int
     gpus_per_node: int
-    #: The training engine (planner/megatron.py): the Megatron sizes of ``Chosen`` are its model-parallel ranks.
-    training_engine: str = "fsdp"
 
     @property
     def trajectories(self) -> int:
@@ -83,7 +81,8 @@ class Problem:
     #: ``rollout.data_parallel_size``: data parallel ranks inside one rollout replica (None: 1).
     rollout_dp: int | None = None
     rollout_dp_source: str = "spec.overrides (actor_rollout_ref.rollout.data_parallel_size)"
-    #: The training engine: ``fsdp`` or ``megatron``, and a pinned Megatron sequence_parallel.
+    #: The training engine: ``fsdp`` or ``megatron`` (the Megatron sizes of a candidate's ``Settings`` are its
+    #: model-parallel ranks), and a pinned Megatron sequence_parallel.
     training_engine: str = "fsdp"
     megatron_sequence_parallel: bool | None = None
     #: The Megatron memory model's offload, recompute and stage-layer options (``megatron_memory.py``).

@@ -368,7 +368,6 @@ def settings_of(base: Settings, c: MegatronCandidate) -> Settings:
     """``base`` with the Megatron mesh of ``c`` (no Ulysses SP, no FSDP shard group)."""
     return replace(
         base,
-        training_engine="megatron",
         sequence_parallel_size=1,
         fsdp_size=-1,
         megatron_tp=c.tp,

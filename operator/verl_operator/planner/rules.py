@@ -65,7 +65,7 @@ def batch_divisible_by_world(p: Problem, mesh: Mesh) -> list[Violation]:
                 )
             ]
         return []
-    if mesh.world_divides_trajectories or s.training_engine == "megatron":
+    if mesh.world_divides_trajectories or p.training_engine == "megatron":
         # Megatron: verl checks t x n against Megatron's DP x micro-batch instead (megatron-minimal-batch).
         return []
     # t x n divides by the world exactly when t is a multiple of world / gcd(world, n).

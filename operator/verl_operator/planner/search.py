@@ -349,7 +349,7 @@ RECOMPUTE_PREFIX = "actor_rollout_ref.actor.megatron.override_transformer_config
 def _recompute_hint(p: Problem, mesh: Mesh) -> str:
     """For a Megatron update without recompute: the estimate with full recompute, when that fits the GPU."""
     o = p.megatron_options
-    if mesh.settings.training_engine != "megatron" or o.recompute_granularity is not None:
+    if p.training_engine != "megatron" or o.recompute_granularity is not None:
         return ""
     full = replace(o, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     peak = estimate(_memory_inputs(replace(p, megatron_options=full), mesh)).train.peak_bytes
