@@ -177,7 +177,7 @@ def test_a_chosen_row_becomes_a_typed_field_of_the_candidate_and_the_pin() -> No
     text = settings_codegen.render(SETTINGS.with_rows(replace(chosen, batching="dynamic")))
     assert "    dummy_knob: int | None = None\n" in text.split("class Fixed:")[0]
     kept = settings_codegen.render(SETTINGS.with_rows(replace(chosen, search="keep", optional=True)))
-    assert 'KEPT: tuple[str, ...] = ("dummy_knob",)' in kept
+    assert '"dummy_knob",' in kept.split("KEPT: tuple[str, ...] = (")[1].split(")")[0]
     assert "    dummy_knob: int | None = None\n" in kept.split("class Fixed:")[0]
     with pytest.raises(ValueError, match="cannot choose a value of kind 'paths'"):
         settings_codegen.render(SETTINGS.with_rows(replace(chosen, kind="paths")))
@@ -396,6 +396,34 @@ def test_a_settings_plan_field_holds_the_value_its_keys_are_emitted_with(version
         assert {emitted[k] for k in row.emitted(version)} == {format_value(value)}, row.name
         checked += 1
     assert checked >= 12
+
+
+@pytest.mark.parametrize("version", ["0.6", "0.9"])
+def test_a_kept_setting_is_read_checked_and_written_back(version: str) -> None:
+    """``actor_rollout_ref.rollout.response_length`` (a kept pin): taken out of the user's overrides, written
+    back once among the planner's keys, refused above ``maxResponseLength``, left to verl's default unset."""
+    key = "actor_rollout_ref.rollout.response_length"
+
+    def plan(*overrides: str) -> Any:
+        spec = make_spec(
+            8,
+            verl={"image": "x", "version": version},
+            data={"maxResponseLength": 1024},
+            overrides=[*overrides, "trainer.total_epochs=2"],
+        )
+        return plan_job(spec, make_nodes(1))
+
+    shorter = plan(f"{key}=512")
+    assert shorter.plan is not None, shorter.violations
+    assert [o for o in shorter.plan.overrides if o.startswith(key)] == [f"{key}=512"]
+    assert shorter.plan.overrides[-1] == "trainer.total_epochs=2"  # the planner's keys come first
+    unset = plan()
+    assert unset.plan is not None and not [o for o in unset.plan.overrides if o.startswith(key)]
+    longer = plan(f"{key}=2048")
+    assert longer.plan is None
+    assert [(v.rule, v.field) for v in longer.violations] == [
+        ("rollout-response-length", f"spec.overrides[0] ({key})")
+    ]
 
 
 # -- a registry that contradicts itself is refused -------------------------------------------------------------

@@ -631,6 +631,15 @@ SETTINGS = Registry(
             bounds=_int(1, L.MAX_TOKEN_BUDGET),
         ),
         _row(
+            "rollout_response_length",
+            "int",
+            "Most tokens the rollout generates per response (verl: data.max_response_length unless set).",
+            f"{ARR}.rollout.response_length",
+            bounds=_int(1, L.MAX_TOKENS),
+            search="keep",
+            optional=True,
+        ),
+        _row(
             "sequence_parallel_size",
             "int",
             "Ulysses sequence parallel size of actor/ref/critic.",

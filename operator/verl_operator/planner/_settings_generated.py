@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: The settings every candidate keeps as pinned (``search="keep"``).
-KEPT: tuple[str, ...] = ()
+KEPT: tuple[str, ...] = ("rollout_response_length",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,6 +18,7 @@ class Chosen:
     rollout_n: int
     rollout_tp: int
     gpu_memory_utilization: float
+    rollout_response_length: int | None = None
     sequence_parallel_size: int
     fsdp_size: int
     param_offload: bool
@@ -45,6 +46,7 @@ class Fixed:
     rollout_n: int | None = None
     rollout_tp: int | None = None
     gpu_memory_utilization: float | None = None
+    rollout_response_length: int | None = None
     sequence_parallel_size: int | None = None
     fsdp_size: int | None = None
     param_offload: bool | None = None

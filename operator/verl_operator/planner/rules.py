@@ -28,6 +28,7 @@ from verl_operator.planner.rules_rollout import (
     nvlink_groups,
     rollout_expert_parallel,
     rollout_replica_node,
+    rollout_response_length,
     rollout_tp_divides_world,
     rollout_tp_heads,
 )
@@ -341,6 +342,7 @@ RULES: tuple[Rule, ...] = (
     trtllm_moe_split,
     nvlink_groups,
     max_model_len,
+    rollout_response_length,
     sglang_spmd_model_len,
     batched_tokens_cover_model_len,
     mini_batch_per_gpu,
