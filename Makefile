@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: venv demo test lint test-unit test-ray test-cluster test-node test-fidelity bench crds clean
+.PHONY: venv demo test lint test-unit test-ray test-cluster test-node test-fidelity bench crds settings clean
 
 # The product (verl-operator, with the launcher) and its development tooling (tools/: verl-operator-dev),
 # both editable.
@@ -55,6 +55,10 @@ test-fidelity: venv
 
 # Every tier: pure logic, real local Ray, the real local control plane, real nodes, verl's own config code.
 test: lint test-unit test-ray test-cluster test-node test-fidelity
+
+# The planner's typed views of the settings registry (a unit test fails when they drift from the rows).
+settings: venv
+	$(BIN)/python -m verl_operator.api.settings_codegen > operator/verl_operator/planner/_settings_generated.py
 
 # The CRD is generated from the pydantic models; the chart ships a copy (a unit test checks both).
 crds: venv

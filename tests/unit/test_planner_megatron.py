@@ -45,7 +45,7 @@ def problem(**kw: Any) -> Problem:
 
 
 def settings(**kw: Any) -> Settings:
-    return make_settings(training_engine="megatron", **kw)
+    return make_settings(**kw)
 
 
 def apply(rule: rules.Rule, p: Problem, s: Settings) -> list[Violation]:

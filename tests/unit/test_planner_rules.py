@@ -121,6 +121,28 @@ CASES = [
         None,
         id="batched-tokens-ok",
     ),
+    pytest.param(rules_rollout.rollout_response_length, {}, {}, None, id="response-length-unpinned"),
+    pytest.param(
+        rules_rollout.rollout_response_length,
+        {"max_response_length": 1024},
+        {"rollout_response_length": 1024},
+        None,
+        id="response-length-as-data",
+    ),
+    pytest.param(
+        rules_rollout.rollout_response_length,
+        {"max_response_length": 1024},
+        {"rollout_response_length": 512},
+        None,
+        id="response-length-shorter",
+    ),
+    pytest.param(
+        rules_rollout.rollout_response_length,
+        {"max_response_length": 1024},
+        {"rollout_response_length": 1025},
+        "rollout-response-length",
+        id="response-length-longer",
+    ),
     pytest.param(
         rules_rollout.batched_tokens_cover_model_len,
         {"version": "0.6", "max_num_batched_tokens": 8192, "max_response_length": 16384},
@@ -300,6 +322,19 @@ def test_rule(rule: rules.Rule, pkw: dict[str, Any], skw: dict[str, Any], expect
 def test_every_rule_has_a_table_case() -> None:
     covered = {c.values[0] for c in [*CASES, *ENGINE_CASES, *MEGATRON_CASES]}
     assert set(rules.RULES) <= covered
+
+
+def test_a_longer_rollout_response_length_shows_both_sequence_lengths() -> None:
+    p = problem(max_prompt_length=512, max_response_length=1024)
+    [v] = apply(rules_rollout.rollout_response_length, p, settings(rollout_response_length=4096))
+    assert v.message == (
+        "rollout response_length 4096 exceeds maxResponseLength 1024: the rollout generates 512 + 4096 = 4608 "
+        "tokens per sequence, the plan sizes 512 + 1024 = 1536"
+    )
+    assert v.suggestions == [
+        "set spec.data.maxResponseLength to 4096 and drop the override",
+        "or use response_length 1024 or less",
+    ]
 
 
 def test_issue_example_message() -> None:

@@ -34,7 +34,7 @@ def test_megatron_batch_is_checked_against_dp_not_world(
     engine: str, extra: dict[str, Any], expected: set[str]
 ) -> None:
     p = make_problem(training_engine=engine)
-    mesh = Mesh.of(p, make_settings(training_engine=engine, **{**BATCH, **extra}))
+    mesh = Mesh.of(p, make_settings(**{**BATCH, **extra}))
     found = {
         v.rule
         for rule in (rules.batch_divisible_by_world, rules_megatron.minimal_batch)
@@ -75,9 +75,7 @@ def test_kv_heads_may_divide_tp_on_0_9(version: str, tp: int, refused: bool) -> 
     from test_planner_megatron import MOE  # 32 heads, 4 KV heads
 
     p = make_problem(training_engine="megatron", version=version, shape=MOE)
-    found = rules_megatron.heads_divisible(
-        p, Mesh.of(p, make_settings(training_engine="megatron", megatron_tp=tp))
-    )
+    found = rules_megatron.heads_divisible(p, Mesh.of(p, make_settings(megatron_tp=tp)))
     assert bool(found) is refused, [v.message for v in found]
 
 
@@ -104,7 +102,7 @@ def test_pinned_pipeline_split_decides(pp: int, pins: dict[str, Any], refused: b
     from verl_operator.planner.megatron_options import MegatronOptions
 
     p = make_problem(training_engine="megatron", megatron_options=MegatronOptions(**pins))
-    mesh = Mesh.of(p, make_settings(training_engine="megatron", megatron_pp=pp))
+    mesh = Mesh.of(p, make_settings(megatron_pp=pp))
     found = rules_megatron.layers_divisible(p, mesh)
     assert bool(found) is refused, found
     if refused:
@@ -138,7 +136,7 @@ def test_a_virtual_pipeline_divides_each_stage_of_a_pinned_split(
     from verl_operator.planner.megatron_options import MegatronOptions
 
     p = make_problem(training_engine="megatron", megatron_options=MegatronOptions(**pins))
-    mesh = Mesh.of(p, make_settings(training_engine="megatron", megatron_pp=pp, megatron_vpp=vpp))
+    mesh = Mesh.of(p, make_settings(megatron_pp=pp, megatron_vpp=vpp))
     found = rules_megatron.layers_divisible(p, mesh)
     if suggested is None:
         assert found == []
@@ -160,7 +158,7 @@ def test_a_pinned_stage_that_does_not_split_gets_its_nearest_counts() -> None:
     p = make_problem(
         shape=entry.shape, training_engine="megatron", megatron_options=MegatronOptions(last_stage_layers=6)
     )
-    mesh = Mesh.of(p, make_settings(training_engine="megatron", megatron_pp=8))
+    mesh = Mesh.of(p, make_settings(megatron_pp=8))
     (v,) = rules_megatron.layers_divisible(p, mesh)
     assert "94 layers - 6 on the last stage = 88 left for 7 stages (88 % 7 = 4)" in v.message
     assert (

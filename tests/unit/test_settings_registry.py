@@ -1,21 +1,28 @@
-"""The settings registry: the CRD's bounds, the override reader, the emitter and the plan come from its rows, so
-a setting added as one row is read, bounded and emitted with no other edit."""
+"""The settings registry: the CRD's fields, the override reader, the planner's generated views, the emitter and
+the plan come from its rows, so a setting added as one row is read, bounded and emitted with no other edit,
+and a row the plan has no value for is refused, never dropped."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import pytest
 from conftest import make_nodes, make_spec
 from pydantic import ValidationError, create_model
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
+from verl_operator.api import settings_codegen
 from verl_operator.api.settings_registry import SETTINGS, Bounds, Registry, SettingRow
-from verl_operator.api.spec import SUPPORTED_VERL_VERSIONS
+from verl_operator.api.spec import SUPPORTED_VERL_VERSIONS, Algorithm, VerlJobSpec
 from verl_operator.crdgen import build_crd
 from verl_operator.planner import plan_job
 from verl_operator.planner.dialect import INPUT_KEYS, READ_KEYS, Emitted, emit, format_value
 from verl_operator.planner.inputs import SPEC_PATHS, Settings, spec_value
+from verl_operator.planner.megatron import FSDP_ONLY_SETTINGS, MEGATRON_SETTINGS
 from verl_operator.planner.overrides import parse_overrides, read_owned
 from verl_operator.planner.reader import Reader
 
@@ -139,11 +146,163 @@ def test_a_new_row_gives_its_spec_field_bounds_and_description() -> None:
     assert WITH_DUMMY.plan_fields() == {**SETTINGS.plan_fields(), "dummy_knob": "dummy_knob"}
 
 
-# -- the product's tables are the rows' -----------------------------------------------------------------------
-def test_the_planner_tables_are_derived_from_the_rows() -> None:
-    assert SETTINGS.input_keys() == INPUT_KEYS and SETTINGS.read_keys() == READ_KEYS
-    assert SETTINGS.spec_paths() == SPEC_PATHS
+def test_a_row_the_plan_has_no_value_for_fails_loudly() -> None:
+    """An owned row whose setting no planner field carries would take the user's override out of the command
+    line and write none: the emitter refuses it, naming the row."""
+    orphan = SettingRow(
+        name="orphan_knob",
+        kind="int",
+        description="A knob no planner field carries.",
+        keys=("trainer.orphan_knob",),
+        emits=("trainer.orphan_knob",),
+    )
+    planned = _emitted(_settings(), "0.9")
+    with pytest.raises(LookupError, match=r"'orphan_knob' owns trainer\.orphan_knob"):
+        emit(planned, [], SETTINGS.with_rows(orphan))
+    # Applying only to the other engine, it is not emitted, so not refused.
+    assert emit(planned, [], SETTINGS.with_rows(replace(orphan, engine="megatron"))) == emit(planned, [])
+
+
+def test_the_generated_planner_views_are_the_rows() -> None:
+    """``planner/_settings_generated.py`` is what ``make settings`` writes from the rows now."""
+    with open(Path(__file__).parents[2] / settings_codegen.PATH, encoding="utf-8") as f:
+        assert f.read() == settings_codegen.render(), "run `make settings`"
+
+
+def test_a_chosen_row_becomes_a_typed_field_of_the_candidate_and_the_pin() -> None:
+    chosen = replace(DUMMY, search="choose", verl_default=3)
+    text = settings_codegen.render(SETTINGS.with_rows(chosen))
+    candidate, pin = text.split("class Fixed:")
+    assert "    dummy_knob: int = 3\n" in candidate and "    dummy_knob: int | None = None\n" in pin
+    text = settings_codegen.render(SETTINGS.with_rows(replace(chosen, batching="dynamic")))
+    assert "    dummy_knob: int | None = None\n" in text.split("class Fixed:")[0]
+    kept = settings_codegen.render(SETTINGS.with_rows(replace(chosen, search="keep", optional=True)))
+    assert '"dummy_knob",' in kept.split("KEPT: tuple[str, ...] = (")[1].split(")")[0]
+    assert "    dummy_knob: int | None = None\n" in kept.split("class Fixed:")[0]
+    with pytest.raises(ValueError, match="cannot choose a value of kind 'paths'"):
+        settings_codegen.render(SETTINGS.with_rows(replace(chosen, kind="paths")))
+
+
+# -- the product's tables, against verl's own spellings ------------------------------------------------------
+def test_the_reader_tables_map_verls_keys_to_their_settings() -> None:
+    """Keys spelt as in verl 0.6.1's and 0.9.1's ``ppo_trainer.yaml`` / ``ppo_megatron_trainer.yaml``."""
+    owned = {
+        "data.train_batch_size": "train_batch_size",
+        "actor_rollout_ref.rollout.n": "rollout_n",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "sequence_parallel_size",
+        "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size": "sequence_parallel_size",
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": "dynamic_batch_size",
+        "critic.use_dynamic_bsz": "dynamic_batch_size",
+        "critic.megatron.pipeline_model_parallel_size": "megatron_pp",
+        "actor_rollout_ref.actor.ppo_micro_batch_size": "ppo_micro_batch_size_global",
+    }
+    read = {
+        "actor_rollout_ref.model.lora_rank": "lora_rank",
+        "actor_rollout_ref.rollout.max_num_seqs": "max_num_seqs",
+        "critic.ppo_mini_batch_size": "critic_ppo_mini_batch_size",
+        "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity": (
+            "megatron_recompute_granularity"
+        ),
+    }
+    assert {k: INPUT_KEYS.get(k) for k in owned} == owned
+    assert {k: READ_KEYS.get(k) for k in read} == read
     assert not set(INPUT_KEYS) & set(READ_KEYS)
+    assert {k: SPEC_PATHS.get(k) for k in ("rollout_n", "megatron_tp", "param_offload", "adv_estimator")} == {
+        "rollout_n": "spec.rollout.responsesPerPrompt",
+        "megatron_tp": "spec.parallelism.megatron.tensorParallelSize",
+        "param_offload": "spec.offload.params",
+        "adv_estimator": "spec.algorithm",
+    }
+
+
+def test_the_engine_lists_are_the_configs_own_settings() -> None:
+    """The settings of verl's Megatron config only (``*.megatron.*``) and of its FSDP config only."""
+    sizes = ["megatron_tp", "megatron_pp", "megatron_vpp", "megatron_cp", "megatron_ep", "megatron_etp"]
+    assert set(MEGATRON_SETTINGS) == {
+        *sizes,
+        *(f"critic_{s}" for s in sizes),
+        "megatron_sequence_parallel",
+        "megatron_param_offload",
+        "megatron_optimizer_offload",
+    }
+    assert set(FSDP_ONLY_SETTINGS) == {
+        "sequence_parallel_size",
+        "fsdp_size",
+        "param_offload",
+        "optimizer_offload",
+    }
+
+
+@pytest.mark.parametrize(
+    ("engine", "dynamic", "critic", "present", "absent"),
+    [
+        (
+            "fsdp",
+            False,
+            False,
+            [
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                "actor_rollout_ref.actor.fsdp_config.fsdp_size",
+            ],
+            [
+                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                "critic.model.path",
+                "critic.use_dynamic_bsz",
+            ],
+        ),
+        (
+            "fsdp",
+            True,
+            True,
+            [
+                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                "critic.model.path",
+                "critic.use_dynamic_bsz",
+            ],
+            ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu"],
+        ),
+        (
+            "megatron",
+            False,
+            True,
+            [
+                "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+                "critic.megatron.tensor_model_parallel_size",
+                "actor_rollout_ref.actor.megatron.param_offload",
+                "critic.ppo_micro_batch_size_per_gpu",
+            ],
+            [
+                "actor_rollout_ref.actor.fsdp_config.fsdp_size",
+                "actor_rollout_ref.actor.fsdp_config.param_offload",
+                "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size",  # unset: verl's none
+            ],
+        ),
+        (
+            "megatron",
+            False,
+            False,
+            ["actor_rollout_ref.ref.megatron.tensor_model_parallel_size"],
+            ["critic.megatron.tensor_model_parallel_size", "critic.model.path"],
+        ),
+    ],
+)
+def test_a_rows_keys_are_emitted_for_the_jobs_it_applies_to(
+    engine: str, dynamic: bool, critic: bool, present: list[str], absent: list[str]
+) -> None:
+    settings = replace(
+        _settings(),
+        dynamic_batch_size=dynamic,
+        max_token_len_per_gpu=4096 if dynamic else None,
+        log_prob_max_token_len_per_gpu=4096 if dynamic else None,
+        critic_ppo_micro_batch_size_per_gpu=2,
+    )
+    keys = [
+        o.split("=", 1)[0]
+        for o in emit(replace(_emitted(settings, "0.9"), critic=critic, training_engine=engine), [])
+    ]
+    assert [k for k in present if k not in keys] == []
+    assert [k for k in absent if k in keys] == []
+    assert len(keys) == len(set(keys))
 
 
 def _crd_node(path: str) -> dict[str, Any]:
@@ -166,6 +325,49 @@ def test_the_crd_field_of_a_setting_has_the_rows_bounds(row: SettingRow) -> None
     else:
         assert (node["minimum"], node["maximum"]) == (row.bounds.low, row.bounds.high)
         assert node.get("exclusiveMinimum", False) is row.bounds.low_exclusive
+
+
+def _spec_field(path: str) -> FieldInfo:
+    model: Any = VerlJobSpec
+    info: FieldInfo | None = None
+    for part in path.split("."):
+        info = next(f for name, f in model.model_fields.items() if part in (f.alias, name))
+        model = next((a for a in get_args(info.annotation) if isinstance(a, type)), info.annotation)
+    assert info is not None
+    return info
+
+
+#: The Python types a spec field of each kind may have (an optional field adds None).
+_KIND_TYPES: dict[str, set[Any]] = {
+    "int": {int},
+    "bool": {bool},
+    "float": {float},
+    "str": {str, Algorithm, Literal},
+    "paths": {list},
+}
+
+
+@pytest.mark.parametrize("row", [r for r in SETTINGS if r.spec is not None], ids=lambda r: r.name)
+def test_a_spec_field_takes_all_but_its_python_type_from_its_row(row: SettingRow) -> None:
+    info = _spec_field(str(row.spec))
+    annotation = info.annotation
+    members = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    types = {get_origin(a) or a for a in members} - {type(None)}
+    assert types <= _KIND_TYPES[row.kind], (row.name, info.annotation)
+    if row.spec in ("model.path", "critic.model.path"):
+        return  # ModelSpec's path, shared by the policy and the critic: the model's field
+    assert info.description == row.description
+    if row.kind == "paths":
+        assert info.default_factory is list and info.default is PydanticUndefined
+    else:
+        assert info.default == row.spec_default
+
+
+def test_a_rows_spec_default_is_the_spec_fields() -> None:
+    spec = make_spec(8)
+    assert (spec.data.max_prompt_length, spec.data.max_response_length) == (512, 512)
+    assert spec.algorithm is Algorithm.GRPO and spec.data.train_files == []
+    assert spec.rollout.responses_per_prompt is None
 
 
 def test_the_release_lines_are_the_apis() -> None:
@@ -196,6 +398,34 @@ def test_a_settings_plan_field_holds_the_value_its_keys_are_emitted_with(version
     assert checked >= 12
 
 
+@pytest.mark.parametrize("version", ["0.6", "0.9"])
+def test_a_kept_setting_is_read_checked_and_written_back(version: str) -> None:
+    """``actor_rollout_ref.rollout.response_length`` (a kept pin): taken out of the user's overrides, written
+    back once among the planner's keys, refused above ``maxResponseLength``, left to verl's default unset."""
+    key = "actor_rollout_ref.rollout.response_length"
+
+    def plan(*overrides: str) -> Any:
+        spec = make_spec(
+            8,
+            verl={"image": "x", "version": version},
+            data={"maxResponseLength": 1024},
+            overrides=[*overrides, "trainer.total_epochs=2"],
+        )
+        return plan_job(spec, make_nodes(1))
+
+    shorter = plan(f"{key}=512")
+    assert shorter.plan is not None, shorter.violations
+    assert [o for o in shorter.plan.overrides if o.startswith(key)] == [f"{key}=512"]
+    assert shorter.plan.overrides[-1] == "trainer.total_epochs=2"  # the planner's keys come first
+    unset = plan()
+    assert unset.plan is not None and not [o for o in unset.plan.overrides if o.startswith(key)]
+    longer = plan(f"{key}=2048")
+    assert longer.plan is None
+    assert [(v.rule, v.field) for v in longer.violations] == [
+        ("rollout-response-length", f"spec.overrides[0] ({key})")
+    ]
+
+
 # -- a registry that contradicts itself is refused -------------------------------------------------------------
 @pytest.mark.parametrize(
     ("row", "message"),
@@ -205,6 +435,7 @@ def test_a_settings_plan_field_holds_the_value_its_keys_are_emitted_with(version
         (SettingRow("lost", "int", "x", emits=("trainer.lost",)), "no owned row reads"),
         (SettingRow("late", "int", "x", keys=("a.b",), emits_by_line={"0.7": ("a.b",)}), "no release line"),
         (SettingRow("upside", "int", "x", keys=("a.c",), bounds=Bounds(5, 1)), "not in order"),
+        (SettingRow("kept", "int", "x", keys=("a.d",), emits=("a.d",), search="keep"), "must be optional"),
     ],
 )
 def test_an_inconsistent_row_is_refused(row: SettingRow, message: str) -> None:

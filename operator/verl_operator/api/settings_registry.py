@@ -6,16 +6,21 @@ spelling of every supported release line is accepted as input), the keys the pla
 line, its bounds, the plan field it lands in and its description. The tables used elsewhere are derived from
 the rows, never written again:
 
-- the CRD's bounds and descriptions of those spec fields (:meth:`Registry.field`, used by ``api.spec``);
+- the CRD's bounds, defaults and descriptions of those spec fields (:meth:`Registry.field`, used by
+  ``api.spec``, which gives only each field's Python type);
+- the planner's candidate and pins (``Chosen``, the base of ``planner.inputs.Settings``, and ``Fixed``),
+  written as typed code by ``make settings`` (``api/settings_codegen.py``; a unit test fails on drift);
 - the override reader's tables (``planner.dialect.INPUT_KEYS`` and ``READ_KEYS``), the spec paths named in
   violations (``planner.inputs.SPEC_PATHS``) and the structured fields merged into the pins;
 - the integer bounds applied to pinned overrides (``planner.reader``);
-- the keys the dialect emitter writes, in row order (``planner.dialect.emit``);
+- the keys the dialect emitter writes, in row order, for the jobs each row applies to (``engine``,
+  ``batching``, ``critic_only``, ``optional``; ``planner.dialect.emit``, which refuses a row it has no value
+  for), and the engine's settings (``planner.megatron.MEGATRON_SETTINGS``, ``FSDP_ONLY_SETTINGS``);
 - the plan fields that carry a setting as chosen (``planner.report``).
 
-Adding a setting is adding a row (see ``docs/planner.md``, "Settings registry: adding a setting"). The rows are
-plain data: the api layer is the bottom of the import layers, so the planner reads it and it imports no
-planner code.
+Adding a setting is adding a row, the rule or search step that uses it and its tests (see ``docs/planner.md``,
+"Settings registry: adding a setting"). The rows are plain data: the api layer is the bottom of the import
+layers, so the planner reads it and it imports no planner code.
 """
 
 from __future__ import annotations
@@ -65,6 +70,19 @@ class SettingRow:
         emits_by_line: Release line -> the emitted keys where the lines spell them differently.
         bounds: The bounds of a number (the spec field's and a pinned override's).
         plan: The plan field that carries the chosen value, as a camelCase path under ``status.plan``.
+        engine: The training engine whose config has the keys: emitted for that engine only (``megatron``'s
+            keys also select the engine); None: both.
+        batching: Emitted only with dynamic batch size (``dynamic``: the token budgets) or only without it
+            (``static``: the micro-batch sizes); None: either way.
+        critic_only: Emitted only for a job with a critic.
+        optional: Emitted only when the plan has a value (None leaves the keys out).
+        search: ``choose``: the search decides the value (a field of the planner's ``Chosen``, the candidate,
+            and of ``Fixed``, the pin); ``keep``: every candidate keeps the pin as it is (None unless pinned;
+            the rules check it, the emitter writes it back: ``optional``); ``pin``: the search only reads the
+            pin (a field of ``Fixed``); None: neither (``planner/_settings_generated.py``, ``make settings``).
+        verl_default: The value a chosen setting has where the job does not use it (verl's default).
+        spec_default: The spec field's default (None: the field is optional and pins nothing unless set; a
+            ``paths`` field is an empty list, at most ``limits.MAX_FILES`` long).
     """
 
     name: str
@@ -77,10 +95,25 @@ class SettingRow:
     emits_by_line: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     bounds: Bounds | None = None
     plan: str | None = None
+    engine: Literal["fsdp", "megatron"] | None = None
+    batching: Literal["static", "dynamic"] | None = None
+    critic_only: bool = False
+    optional: bool = False
+    search: Literal["choose", "keep", "pin"] | None = None
+    verl_default: int | float | bool | str | None = None
+    spec_default: int | float | bool | str | None = None
 
     def emitted(self, line: str) -> tuple[str, ...]:
         """The keys emitted for the release line ``line`` (none: the planner does not emit it)."""
         return self.emits_by_line.get(line, self.emits)
+
+    def applies(self, *, engine: str, dynamic: bool, critic: bool) -> bool:
+        """The row's keys belong on the command line of a job with this engine, batching and critic."""
+        return (
+            self.engine in (None, engine)
+            and self.batching in (None, "dynamic" if dynamic else "static")
+            and (critic or not self.critic_only)
+        )
 
     @property
     def spec_path(self) -> str | None:
@@ -119,6 +152,10 @@ class Registry:
         """Override key -> setting, for the keys the planner reads and passes through (``dialect.READ_KEYS``)."""
         return {key: row.name for row in self.rows if not row.owned for key in row.keys}
 
+    def engine_settings(self, engine: str) -> tuple[str, ...]:
+        """The owned settings that exist only in ``engine``'s config (``megatron``: their keys select it)."""
+        return tuple(row.name for row in self.rows if row.owned and row.engine == engine)
+
     def spec_paths(self) -> dict[str, str]:
         """Setting -> the spec field that pins it (``spec.data.trainBatchSize``), for those with one."""
         return {row.name: row.spec_path for row in self.rows if row.spec_path is not None}
@@ -148,14 +185,22 @@ class Registry:
         return out
 
     def field(self, name: str, **kwargs: Any) -> Any:
-        """The pydantic ``Field`` of the spec field of ``name``: its description and bounds from the row,
-        everything else (the default) from ``kwargs``."""
+        """The pydantic ``Field`` of the spec field of ``name``: its description, bounds and default from the
+        row (``api.spec`` gives only the Python type); ``kwargs`` add to them."""
         row = self[name]
+        if row.spec is None:
+            raise ValueError(f"setting {name!r} has no spec field (its row's spec is None)")
         args: dict[str, Any] = {"description": row.description}
         if row.bounds is not None:
             args["gt" if row.bounds.low_exclusive else "ge"] = row.bounds.low
             args["le"] = row.bounds.high
-        return Field(**args, **kwargs)
+        if row.kind == "paths":
+            args.update(default_factory=list, max_length=L.MAX_FILES)
+        else:
+            args["default"] = row.spec_default
+            # A default given as text (an enum's value) becomes the field's type (``Algorithm.GRPO``).
+            args["validate_default"] = row.spec_default is not None
+        return Field(**{**args, **kwargs})
 
 
 def _snake(camel: str) -> str:
@@ -179,6 +224,10 @@ def _check(rows: tuple[SettingRow, ...]) -> None:
             raise ValueError(f"setting {row.name!r}: bounds {row.bounds} are not in order")
         if unknown := set(row.emits_by_line) - set(LINES):
             raise ValueError(f"setting {row.name!r}: no release line {sorted(unknown)}")
+        if row.search == "keep" and not row.optional:
+            raise ValueError(
+                f"setting {row.name!r} is kept as pinned (None unless pinned): it must be optional"
+            )
     owned = {key for row in rows if row.owned for key in row.keys}
     for row in rows:
         for line in LINES:
@@ -224,6 +273,8 @@ _MEGATRON_DESCRIPTIONS = {
     "megatron_ep": "Megatron expert parallel size (mixture-of-experts models; the experts divide by it).",
     "megatron_etp": "Megatron expert tensor parallel size (the tensor parallel size unless set).",
 }
+#: The sizes verl leaves unset unless pinned (no virtual pipeline; ETP follows TP): emitted only when set.
+_MEGATRON_UNSET = ("megatron_vpp", "megatron_etp")
 MEGATRON_ROWS: tuple[SettingRow, ...] = (
     # Read from spec.parallelism.engine, actor.strategy / critic.strategy (their rows) and the
     # ``--config-name ppo_megatron_trainer`` of a pasted script; carried to the launcher as the config name.
@@ -247,6 +298,10 @@ MEGATRON_ROWS: tuple[SettingRow, ...] = (
             bounds=_int(1, L.MAX_PARALLEL),
             emits=(f"{ARR}.actor.megatron.{key}", f"{ARR}.ref.megatron.{key}"),
             plan=f"training.{wire}",
+            engine="megatron",
+            optional=name in _MEGATRON_UNSET,
+            search="choose",
+            verl_default=None if name in _MEGATRON_UNSET else 1,
         )
         for name, key, wire in MEGATRON_SIZES
     ),
@@ -258,6 +313,9 @@ MEGATRON_ROWS: tuple[SettingRow, ...] = (
             description=f"The critic's copy of {name}.",
             emits=(f"critic.megatron.{key}",),
             bounds=_int(1, L.MAX_PARALLEL),
+            engine="megatron",
+            critic_only=True,
+            optional=name in _MEGATRON_UNSET,
         )
         for name, key, _ in MEGATRON_SIZES
     ),
@@ -269,18 +327,21 @@ MEGATRON_ROWS: tuple[SettingRow, ...] = (
         f"{ARR}.ref.megatron.sequence_parallel",
         "critic.megatron.sequence_parallel",
         emit=False,
+        engine="megatron",
     ),
     _row(
         "megatron_param_offload",
         "bool",
         "The actor's Megatron parameter offload (spec.offload.params with the megatron engine).",
         f"{ARR}.actor.megatron.param_offload",
+        engine="megatron",
     ),
     _row(
         "megatron_optimizer_offload",
         "bool",
         "The actor's Megatron optimizer offload (spec.offload.optimizer with the megatron engine).",
         f"{ARR}.actor.megatron.optimizer_offload",
+        engine="megatron",
     ),
     # Read by the Megatron memory model (planner/megatron_memory.py) and passed through.
     _read(
@@ -444,6 +505,7 @@ SETTINGS = Registry(
             "RL algorithm; ppo brings a critic.",
             "algorithm.adv_estimator",
             spec="algorithm",
+            spec_default="grpo",
         ),
         _row("model_path", "str", "The policy model's path.", f"{ARR}.model.path", spec="model.path"),
         _row(
@@ -452,6 +514,7 @@ SETTINGS = Registry(
             "Training parquet files (data.train_files).",
             "data.train_files",
             spec="data.trainFiles",
+            optional=True,
         ),
         _row(
             "val_files",
@@ -459,6 +522,7 @@ SETTINGS = Registry(
             "Validation parquet files (data.val_files).",
             "data.val_files",
             spec="data.valFiles",
+            optional=True,
         ),
         _row(
             "train_batch_size",
@@ -468,6 +532,7 @@ SETTINGS = Registry(
             spec="data.trainBatchSize",
             bounds=_int(1, L.MAX_BATCH),
             plan="batching.trainBatchSize",
+            search="choose",
         ),
         _row(
             "max_prompt_length",
@@ -475,6 +540,7 @@ SETTINGS = Registry(
             "data.max_prompt_length in tokens.",
             "data.max_prompt_length",
             spec="data.maxPromptLength",
+            spec_default=512,
             bounds=_int(1, L.MAX_TOKENS),
         ),
         _row(
@@ -483,6 +549,7 @@ SETTINGS = Registry(
             "data.max_response_length in tokens.",
             "data.max_response_length",
             spec="data.maxResponseLength",
+            spec_default=512,
             bounds=_int(1, L.MAX_TOKENS),
         ),
         _row(
@@ -526,6 +593,7 @@ SETTINGS = Registry(
             spec="rollout.responsesPerPrompt",
             bounds=_int(1, L.MAX_ROLLOUT_N),
             plan="batching.rolloutN",
+            search="choose",
         ),
         _row(
             "rollout_tp",
@@ -535,6 +603,7 @@ SETTINGS = Registry(
             spec="rollout.tensorParallelSize",
             bounds=_int(1, L.MAX_PARALLEL),
             plan="rollout.tensorParallelSize",
+            search="choose",
         ),
         _row(
             "gpu_memory_utilization",
@@ -544,6 +613,7 @@ SETTINGS = Registry(
             spec="rollout.gpuMemoryUtilization",
             bounds=Bounds(0, 1, low_exclusive=True),
             plan="rollout.gpuMemoryUtilization",
+            search="choose",
         ),
         _row(
             "max_model_len",
@@ -559,6 +629,15 @@ SETTINGS = Registry(
             "Tokens vLLM batches per step (at least max_model_len in verl 0.6's SPMD rollout).",
             f"{ARR}.rollout.max_num_batched_tokens",
             bounds=_int(1, L.MAX_TOKEN_BUDGET),
+        ),
+        _row(
+            "rollout_response_length",
+            "int",
+            "Most tokens the rollout generates per response (verl: data.max_response_length unless set).",
+            f"{ARR}.rollout.response_length",
+            bounds=_int(1, L.MAX_TOKENS),
+            search="keep",
+            optional=True,
         ),
         _row(
             "sequence_parallel_size",
@@ -580,12 +659,15 @@ SETTINGS = Registry(
                 ),
             },
             emit=False,
+            engine="fsdp",
+            search="choose",
         ),
         _row(
             "use_remove_padding",
             "bool",
             "Micro-batches hold only real tokens (set by the planner with Ulysses SP).",
             f"{ARR}.model.use_remove_padding",
+            optional=True,
         ),
         _row(
             "fsdp_size",
@@ -595,6 +677,8 @@ SETTINGS = Registry(
             spec="parallelism.fsdpSize",
             bounds=_int(-1, L.MAX_GPUS),
             plan="fsdpSize",
+            engine="fsdp",
+            search="choose",
         ),
         _row(
             "param_offload",
@@ -602,6 +686,8 @@ SETTINGS = Registry(
             "Offload actor/ref parameters to CPU between phases.",
             f"{ARR}.actor.fsdp_config.param_offload",
             spec="offload.params",
+            engine="fsdp",
+            search="choose",
         ),
         _row(
             "optimizer_offload",
@@ -609,6 +695,8 @@ SETTINGS = Registry(
             "Offload the optimizer state to CPU between phases.",
             f"{ARR}.actor.fsdp_config.optimizer_offload",
             spec="offload.optimizer",
+            engine="fsdp",
+            search="choose",
         ),
         _row(
             "ppo_mini_batch_size",
@@ -618,6 +706,7 @@ SETTINGS = Registry(
             spec="batching.ppoMiniBatchSize",
             bounds=_int(1, L.MAX_BATCH),
             plan="batching.ppoMiniBatchSize",
+            search="choose",
         ),
         _row(
             "dynamic_batch_size",
@@ -634,6 +723,7 @@ SETTINGS = Registry(
                 f"{ARR}.rollout.log_prob_use_dynamic_bsz",
                 f"{ARR}.ref.log_prob_use_dynamic_bsz",
             ),
+            search="choose",
         ),
         _row(
             "max_token_len_per_gpu",
@@ -643,6 +733,8 @@ SETTINGS = Registry(
             spec="batching.maxTokenLenPerGpu",
             bounds=_int(1, L.MAX_TOKEN_BUDGET),
             plan="batching.maxTokenLenPerGpu",
+            batching="dynamic",
+            search="choose",
         ),
         _row(
             "log_prob_max_token_len_per_gpu",
@@ -652,6 +744,8 @@ SETTINGS = Registry(
             f"{ARR}.ref.log_prob_max_token_len_per_gpu",
             bounds=_int(1, L.MAX_TOKEN_BUDGET),
             plan="batching.logProbMaxTokenLenPerGpu",
+            batching="dynamic",
+            search="choose",
         ),
         _row(
             "ppo_micro_batch_size_per_gpu",
@@ -661,6 +755,8 @@ SETTINGS = Registry(
             spec="batching.ppoMicroBatchSizePerGpu",
             bounds=_int(1, L.MAX_BATCH),
             plan="batching.ppoMicroBatchSizePerGpu",
+            batching="static",
+            search="choose",
         ),
         _row(
             "log_prob_micro_batch_size_per_gpu",
@@ -671,6 +767,8 @@ SETTINGS = Registry(
             spec="batching.logProbMicroBatchSizePerGpu",
             bounds=_int(1, L.MAX_BATCH),
             plan="batching.logProbMicroBatchSizePerGpu",
+            batching="static",
+            search="choose",
         ),
         _row(
             "critic_ppo_micro_batch_size_per_gpu",
@@ -678,6 +776,9 @@ SETTINGS = Registry(
             "The critic's sequences per GPU per forward/backward.",
             "critic.ppo_micro_batch_size_per_gpu",
             bounds=_int(1, L.MAX_BATCH),
+            batching="static",
+            critic_only=True,
+            search="choose",
         ),
         # The critic's copy of dynamic_batch_size: its key pins dynamic_batch_size (one input, keys that must
         # agree); this row only places the emitted key after the critic's micro-batch size.
@@ -686,6 +787,7 @@ SETTINGS = Registry(
             kind="bool",
             description="The critic's use_dynamic_bsz: the actor's value.",
             emits=("critic.use_dynamic_bsz",),
+            critic_only=True,
         ),
         _row(
             "critic_model_path",
@@ -693,6 +795,7 @@ SETTINGS = Registry(
             "The critic's model path (the actor's unless named).",
             "critic.model.path",
             spec="critic.model.path",
+            critic_only=True,
         ),
         # -- owned, not emitted: verl's deprecated global forms (the planner emits the _per_gpu forms) ---------
         _row(
@@ -702,6 +805,7 @@ SETTINGS = Registry(
             f"{ARR}.actor.ppo_micro_batch_size",
             emit=False,
             bounds=_int(1, L.MAX_BATCH),
+            search="pin",
         ),
         _row(
             "log_prob_micro_batch_size_global",
@@ -711,6 +815,7 @@ SETTINGS = Registry(
             f"{ARR}.ref.log_prob_micro_batch_size",
             emit=False,
             bounds=_int(1, L.MAX_BATCH),
+            search="pin",
         ),
         _row(
             "critic_ppo_micro_batch_size_global",
@@ -719,6 +824,7 @@ SETTINGS = Registry(
             "critic.ppo_micro_batch_size",
             emit=False,
             bounds=_int(1, L.MAX_BATCH),
+            search="pin",
         ),
         # -- read (memory model, strategy checks) and passed through unchanged ------------------------------
         _read(

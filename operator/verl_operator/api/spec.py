@@ -212,11 +212,11 @@ class CriticSpec(ApiModel):
 
 
 class DataSpec(ApiModel):
-    train_files: list[DataPath] = SETTINGS.field("train_files", default_factory=list, max_length=L.MAX_FILES)
-    val_files: list[DataPath] = SETTINGS.field("val_files", default_factory=list, max_length=L.MAX_FILES)
-    train_batch_size: int | None = SETTINGS.field("train_batch_size", default=None)
-    max_prompt_length: int = SETTINGS.field("max_prompt_length", default=512)
-    max_response_length: int = SETTINGS.field("max_response_length", default=512)
+    train_files: list[DataPath] = SETTINGS.field("train_files")
+    val_files: list[DataPath] = SETTINGS.field("val_files")
+    train_batch_size: int | None = SETTINGS.field("train_batch_size")
+    max_prompt_length: int = SETTINGS.field("max_prompt_length")
+    max_response_length: int = SETTINGS.field("max_response_length")
     mean_prompt_length: int | None = Field(
         default=None,
         ge=1,
@@ -241,7 +241,7 @@ class ResourcesSpec(ApiModel):
     gpus: int = Field(
         ge=1, le=L.MAX_GPUS, description="Total GPUs for the job (trainer.nnodes x trainer.n_gpus_per_node)."
     )
-    gpus_per_node: int | None = SETTINGS.field("n_gpus_per_node", default=None)
+    gpus_per_node: int | None = SETTINGS.field("n_gpus_per_node")
     gpu_product: str | None = Field(
         default=None,
         max_length=L.MAX_LABEL_VALUE,
@@ -282,48 +282,46 @@ class ResourcesSpec(ApiModel):
 
 class RolloutSpec(ApiModel):
     # Rollout engines: vllm, sglang (both lines), trtllm (verl 0.9 only).
-    name: Literal["vllm", "sglang", "trtllm"] | None = SETTINGS.field("rollout_name", default=None)
+    name: Literal["vllm", "sglang", "trtllm"] | None = SETTINGS.field("rollout_name")
     mode: Literal["spmd", "server"] | None = Field(
         default=None,
         description="spmd (verl <= 0.6, rollout.mode=sync) or server (verl >= 0.7); defaults to the version's.",
     )
-    responses_per_prompt: int | None = SETTINGS.field("rollout_n", default=None)
-    tensor_parallel_size: int | None = SETTINGS.field("rollout_tp", default=None)
-    gpu_memory_utilization: float | None = SETTINGS.field("gpu_memory_utilization", default=None)
+    responses_per_prompt: int | None = SETTINGS.field("rollout_n")
+    tensor_parallel_size: int | None = SETTINGS.field("rollout_tp")
+    gpu_memory_utilization: float | None = SETTINGS.field("gpu_memory_utilization")
 
 
 class MegatronSpec(ApiModel):
     """The Megatron engine's parallel sizes: the planner chooses those left out."""
 
-    tensor_parallel_size: int | None = SETTINGS.field("megatron_tp", default=None)
-    pipeline_parallel_size: int | None = SETTINGS.field("megatron_pp", default=None)
-    virtual_pipeline_parallel_size: int | None = SETTINGS.field("megatron_vpp", default=None)
-    context_parallel_size: int | None = SETTINGS.field("megatron_cp", default=None)
-    expert_parallel_size: int | None = SETTINGS.field("megatron_ep", default=None)
-    expert_tensor_parallel_size: int | None = SETTINGS.field("megatron_etp", default=None)
+    tensor_parallel_size: int | None = SETTINGS.field("megatron_tp")
+    pipeline_parallel_size: int | None = SETTINGS.field("megatron_pp")
+    virtual_pipeline_parallel_size: int | None = SETTINGS.field("megatron_vpp")
+    context_parallel_size: int | None = SETTINGS.field("megatron_cp")
+    expert_parallel_size: int | None = SETTINGS.field("megatron_ep")
+    expert_tensor_parallel_size: int | None = SETTINGS.field("megatron_etp")
 
 
 class ParallelismSpec(ApiModel):
-    sequence_parallel_size: int | None = SETTINGS.field("sequence_parallel_size", default=None)
-    fsdp_size: int | None = SETTINGS.field("fsdp_size", default=None)
+    sequence_parallel_size: int | None = SETTINGS.field("sequence_parallel_size")
+    fsdp_size: int | None = SETTINGS.field("fsdp_size")
     # -- the Megatron engine --
-    engine: Literal["fsdp", "megatron"] | None = SETTINGS.field("training_engine", default=None)
+    engine: Literal["fsdp", "megatron"] | None = SETTINGS.field("training_engine")
     megatron: MegatronSpec | None = Field(default=None, description=MegatronSpec.__doc__)
 
 
 class BatchingSpec(ApiModel):
-    ppo_mini_batch_size: int | None = SETTINGS.field("ppo_mini_batch_size", default=None)
-    ppo_micro_batch_size_per_gpu: int | None = SETTINGS.field("ppo_micro_batch_size_per_gpu", default=None)
-    log_prob_micro_batch_size_per_gpu: int | None = SETTINGS.field(
-        "log_prob_micro_batch_size_per_gpu", default=None
-    )
-    dynamic_batch_size: bool | None = SETTINGS.field("dynamic_batch_size", default=None)
-    max_token_len_per_gpu: int | None = SETTINGS.field("max_token_len_per_gpu", default=None)
+    ppo_mini_batch_size: int | None = SETTINGS.field("ppo_mini_batch_size")
+    ppo_micro_batch_size_per_gpu: int | None = SETTINGS.field("ppo_micro_batch_size_per_gpu")
+    log_prob_micro_batch_size_per_gpu: int | None = SETTINGS.field("log_prob_micro_batch_size_per_gpu")
+    dynamic_batch_size: bool | None = SETTINGS.field("dynamic_batch_size")
+    max_token_len_per_gpu: int | None = SETTINGS.field("max_token_len_per_gpu")
 
 
 class OffloadSpec(ApiModel):
-    params: bool | None = SETTINGS.field("param_offload", default=None)
-    optimizer: bool | None = SETTINGS.field("optimizer_offload", default=None)
+    params: bool | None = SETTINGS.field("param_offload")
+    optimizer: bool | None = SETTINGS.field("optimizer_offload")
 
 
 class PlacementSpec(ApiModel):
@@ -573,7 +571,7 @@ class SecuritySpec(ApiModel):
 class VerlJobSpec(ApiModel):
     verl: VerlSpec = Field(description="The verl image and release line.")
     model: ModelSpec = Field(description="The policy model.")
-    algorithm: Algorithm = SETTINGS.field("adv_estimator", default=Algorithm.GRPO)
+    algorithm: Algorithm = SETTINGS.field("adv_estimator")
     data: DataSpec = Field(default_factory=DataSpec, description="Datasets and batch/length settings.")
     resources: ResourcesSpec = Field(description="GPUs and node selection.")
     rollout: RolloutSpec = Field(

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from verl_operator.api.settings_registry import ARR, SETTINGS, Registry
+from verl_operator.api.settings_registry import ARR, MEGATRON_SIZES, SETTINGS, Registry
 from verl_operator.planner.inputs import Settings
 from verl_operator.planner.overrides import Override, Value, format_value
 
@@ -62,69 +62,70 @@ class Emitted:
     dtype: str = "bfloat16"
     #: The rollout engine: vllm, sglang or trtllm.
     rollout_name: str = "vllm"
+    #: The training engine: fsdp or megatron (the rows of the other engine's config are not emitted).
+    training_engine: str = "fsdp"
 
 
 def emit(planned: Emitted, passthrough: Sequence[Override], registry: Registry = SETTINGS) -> list[str]:
     """The full override list for the target version: the planner's keys once each, then the user's others.
 
-    The keys are the registry's emitted keys, in row order, each with its setting's value (:func:`values`);
-    the ``float16`` keys follow (:func:`dtype_keys`).
+    The keys are the registry's emitted keys, in row order, of every row that applies to the job (its
+    ``engine``, ``batching`` and ``critic_only``), each with its setting's value (:func:`values`; an
+    ``optional`` row without a value is left out); the ``float16`` keys follow (:func:`dtype_keys`).
 
     Args:
         planned: The planned values.
         passthrough: User overrides the planner does not own, kept verbatim and in order.
         registry: The settings (the product's own unless a test passes another).
+
+    Raises:
+        LookupError: A row that applies has no planned value (a setting would be taken out of the user's
+            overrides and never written: its value belongs in ``Settings`` or ``Emitted``).
     """
     known = values(planned)
-    out: list[tuple[str, Any]] = [
-        (key, known[name])
-        for name, keys in registry.emitted(planned.version)
-        if name in known
-        for key in keys
-    ]
+    st = planned.settings
+    out: list[tuple[str, Any]] = []
+    for row in registry:
+        keys = row.emitted(planned.version)
+        if not keys or not row.applies(
+            engine=planned.training_engine, dynamic=st.dynamic_batch_size, critic=planned.critic
+        ):
+            continue
+        if row.name not in known:
+            raise LookupError(
+                f"setting {row.name!r} owns {', '.join(keys)} but the plan has no value for it: "
+                "a field of its name belongs in Settings or Emitted"
+            )
+        if known[row.name] is None and row.optional:
+            continue
+        out += [(key, known[row.name]) for key in keys]
     out += dtype_keys(planned)
     rendered = [f"{k}={format_value(val)}" for k, val in out]
     return rendered + [ov.raw.strip() for ov in passthrough]
 
 
-#: Emitted only with dynamic batch size (the token budgets) or only without it (the micro-batch sizes).
-_DYNAMIC_ONLY = ("max_token_len_per_gpu", "log_prob_max_token_len_per_gpu")
-_STATIC_ONLY = (
-    "ppo_micro_batch_size_per_gpu",
-    "log_prob_micro_batch_size_per_gpu",
-    "critic_ppo_micro_batch_size_per_gpu",
-)
-#: Emitted only for a job with a critic.
-_CRITIC_ONLY = ("critic_ppo_micro_batch_size_per_gpu", "critic_dynamic_batch_size", "critic_model_path")
-
-
 def values(planned: Emitted) -> dict[str, Any]:
-    """Setting -> the value the planner emits for it; a setting left out is not emitted.
+    """Setting -> the value the planner emits for it (None: an optional row is left out).
 
-    By default a setting's value is the chosen ``Settings`` field of its name, else the ``Emitted`` field of
-    its name (a setting of neither is not emitted). The special cases below are where the emitted value is
-    not that field, or is emitted only in one mode.
+    A setting's value is the chosen ``Settings`` field of its name, else the ``Emitted`` field of its name.
+    The special cases below are where the emitted value is not that field; which rows apply to the job is
+    the rows' own (``SettingRow.applies``).
     """
     st = planned.settings
     out: dict[str, Any] = {f.name: getattr(planned, f.name) for f in fields(planned)}
     out.update({f.name: getattr(st, f.name) for f in fields(st)})
     # Special cases:
     out["n_gpus_per_node"] = st.gpus_per_node  # the chosen layout's name for it
-    out["rollout_name"] = planned.rollout_name  # the chosen engine (planner/rules_engines.py)
     out["rollout_mode"] = planned.rollout_mode or rollout_mode_value(planned.version)
     out["critic_dynamic_batch_size"] = st.dynamic_batch_size  # verl needs the critic's equal to the actor's
     # verl's default names ~/models/deepseek-llm-7b-chat: a critic without a path fails to build.
     out["critic_model_path"] = planned.critic_model_path or planned.model_path
-    _training_engine_values(out, st, planned.critic)
-    for name in ("train_files", "val_files"):  # as the user wrote them, when the user named any
-        if out[name] is None:
-            del out[name]
-    if st.sequence_parallel_size > 1:  # Ulysses SP needs padding removed
-        out["use_remove_padding"] = True
-    for name in [*(_STATIC_ONLY if st.dynamic_batch_size else _DYNAMIC_ONLY)] + (
-        [] if planned.critic else [*_CRITIC_ONLY]
-    ):
-        out.pop(name, None)
+    out["use_remove_padding"] = True if st.sequence_parallel_size > 1 else None  # Ulysses SP needs it
+    # The Megatron engine: the offloads are the job's, the critic's sizes the actor's.
+    out["megatron_param_offload"] = st.param_offload
+    out["megatron_optimizer_offload"] = st.optimizer_offload
+    for name, _, _ in MEGATRON_SIZES:
+        out[f"critic_{name}"] = out[name]
     return out
 
 
@@ -144,29 +145,3 @@ def dtype_keys(planned: Emitted) -> list[tuple[str, Any]]:
     if planned.critic:  # 0.9 only: the planner refuses float16 with a 0.6 critic (planner/job.py)
         out.append(("critic.fsdp.dtype", "float16"))
     return out
-
-
-def _training_engine_values(out: dict[str, Any], st: Settings, critic: bool) -> None:
-    """The Megatron engine: its keys for a Megatron job (the critic's copies with a critic, VPP and
-    ETP only when set), none of FSDP's; for an FSDP job none of Megatron's."""
-    from verl_operator.api.settings_registry import MEGATRON_SIZES
-    from verl_operator.planner.megatron import FSDP_ONLY_SETTINGS, MEGATRON_SETTINGS
-
-    names = [name for name, _, _ in MEGATRON_SIZES]
-    if st.training_engine != "megatron":
-        for name in [*MEGATRON_SETTINGS, *(f"critic_{n}" for n in names)]:
-            out.pop(name, None)
-        return
-    for name in FSDP_ONLY_SETTINGS:
-        out.pop(name, None)
-    out["megatron_param_offload"] = st.param_offload
-    out["megatron_optimizer_offload"] = st.optimizer_offload
-    for name in names:
-        out[f"critic_{name}"] = out[name]
-    for name in ("megatron_vpp", "megatron_etp"):
-        if out[name] is None:
-            out.pop(name)
-            out.pop(f"critic_{name}")
-    if not critic:
-        for name in names:
-            out.pop(f"critic_{name}", None)

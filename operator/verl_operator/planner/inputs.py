@@ -11,40 +11,20 @@ from pydantic import BaseModel
 from verl_operator.api.plan import Violation
 from verl_operator.api.settings_registry import SETTINGS
 from verl_operator.api.spec import ModelShape, VerlJobSpec
+from verl_operator.planner._settings_generated import Chosen
+from verl_operator.planner._settings_generated import Fixed as Fixed
 from verl_operator.planner.megatron_options import MegatronOptions
 from verl_operator.planner.overrides import Pinned, Value
 
 
-@dataclass(frozen=True)
-class Settings:
-    """One complete candidate layout (what the search decides and the rules check)."""
+@dataclass(frozen=True, kw_only=True)
+class Settings(Chosen):
+    """One complete candidate layout (what the search decides and the rules check): the settings the search
+    chooses (``Chosen``, one field per registry row with ``search="choose"``) on one layout of the nodes."""
 
     world: int
     nnodes: int
     gpus_per_node: int
-    train_batch_size: int
-    rollout_n: int
-    rollout_tp: int
-    gpu_memory_utilization: float
-    sequence_parallel_size: int
-    fsdp_size: int
-    ppo_mini_batch_size: int
-    ppo_micro_batch_size_per_gpu: int | None
-    log_prob_micro_batch_size_per_gpu: int | None
-    dynamic_batch_size: bool
-    max_token_len_per_gpu: int | None
-    log_prob_max_token_len_per_gpu: int | None
-    param_offload: bool
-    optimizer_offload: bool
-    critic_ppo_micro_batch_size_per_gpu: int | None = None
-    # -- the Megatron engine (planner/megatron.py): TP x PP x CP model-parallel ranks per replica --
-    training_engine: str = "fsdp"
-    megatron_tp: int = 1
-    megatron_pp: int = 1
-    megatron_vpp: int | None = None
-    megatron_cp: int = 1
-    megatron_ep: int = 1
-    megatron_etp: int | None = None
 
     @property
     def trajectories(self) -> int:
@@ -101,7 +81,8 @@ class Problem:
     #: ``rollout.data_parallel_size``: data parallel ranks inside one rollout replica (None: 1).
     rollout_dp: int | None = None
     rollout_dp_source: str = "spec.overrides (actor_rollout_ref.rollout.data_parallel_size)"
-    #: The training engine: ``fsdp`` or ``megatron``, and a pinned Megatron sequence_parallel.
+    #: The training engine: ``fsdp`` or ``megatron`` (the Megatron sizes of a candidate's ``Settings`` are its
+    #: model-parallel ranks), and a pinned Megatron sequence_parallel.
     training_engine: str = "fsdp"
     megatron_sequence_parallel: bool | None = None
     #: The Megatron memory model's offload, recompute and stage-layer options (``megatron_memory.py``).
@@ -253,34 +234,3 @@ def _same(a: Value, b: Any) -> bool:
     if isinstance(a, str) and isinstance(b, list) and len(b) == 1:
         return a == str(b[0])
     return str(a) == str(b)
-
-
-@dataclass(frozen=True)
-class Fixed:
-    """The pinned values with their types checked (None: the planner decides)."""
-
-    train_batch_size: int | None = None
-    rollout_n: int | None = None
-    rollout_tp: int | None = None
-    gpu_memory_utilization: float | None = None
-    sequence_parallel_size: int | None = None
-    fsdp_size: int | None = None
-    ppo_mini_batch_size: int | None = None
-    ppo_micro_batch_size_per_gpu: int | None = None
-    ppo_micro_batch_size_global: int | None = None
-    log_prob_micro_batch_size_per_gpu: int | None = None
-    log_prob_micro_batch_size_global: int | None = None
-    dynamic_batch_size: bool | None = None
-    max_token_len_per_gpu: int | None = None
-    log_prob_max_token_len_per_gpu: int | None = None
-    param_offload: bool | None = None
-    optimizer_offload: bool | None = None
-    critic_ppo_micro_batch_size_per_gpu: int | None = None
-    critic_ppo_micro_batch_size_global: int | None = None
-    # -- the Megatron engine --
-    megatron_tp: int | None = None
-    megatron_pp: int | None = None
-    megatron_vpp: int | None = None
-    megatron_cp: int | None = None
-    megatron_ep: int | None = None
-    megatron_etp: int | None = None

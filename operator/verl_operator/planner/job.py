@@ -120,7 +120,7 @@ def _plan_resolved(
                 nvlink_domain=layout.nvlink_domain,
             )
             problem = replace(problem, partial_domain_nodes=partial, whole_node_fits=whole)
-            outcome = search(problem, layout, resolved.fixed, resolved.default_n)
+            outcome = search(problem, layout, resolved.fixed, resolved.default_rollout_n)
             if isinstance(outcome, Found):
                 return build_result(
                     problem,

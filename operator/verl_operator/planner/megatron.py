@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from verl_operator.api.plan import Violation
+from verl_operator.api.settings_registry import SETTINGS
 from verl_operator.api.spec import ModelShape
 from verl_operator.planner import arith
 from verl_operator.planner.inputs import Fixed, Problem, Settings
@@ -37,20 +38,10 @@ ENGINES = ("fsdp", "megatron")
 CONFIG_NAME = {"fsdp": "ppo_trainer", "megatron": "ppo_megatron_trainer"}
 #: verl's ``strategy`` values of each engine.
 STRATEGIES = {"fsdp": ("fsdp", "fsdp2"), "megatron": ("megatron",)}
-#: The registry's Megatron settings (their keys select the engine).
-MEGATRON_SETTINGS = (
-    "megatron_tp",
-    "megatron_pp",
-    "megatron_vpp",
-    "megatron_cp",
-    "megatron_ep",
-    "megatron_etp",
-    "megatron_sequence_parallel",
-    "megatron_param_offload",
-    "megatron_optimizer_offload",
-)
+#: The registry's settings of the Megatron config (their keys select the engine; emitted for Megatron only).
+MEGATRON_SETTINGS = SETTINGS.engine_settings("megatron")
 #: Settings that exist only in the FSDP config (their keys are FSDP's; emitted for FSDP only).
-FSDP_ONLY_SETTINGS = ("sequence_parallel_size", "fsdp_size", "param_offload", "optimizer_offload")
+FSDP_ONLY_SETTINGS = SETTINGS.engine_settings("fsdp")
 
 _CONFIG_NAME = re.compile(r"^\s*(?:--config-name|-cn)(?:=|\s+)(?P<name>[A-Za-z0-9_.\-]+)\s*$")
 
@@ -377,7 +368,6 @@ def settings_of(base: Settings, c: MegatronCandidate) -> Settings:
     """``base`` with the Megatron mesh of ``c`` (no Ulysses SP, no FSDP shard group)."""
     return replace(
         base,
-        training_engine="megatron",
         sequence_parallel_size=1,
         fsdp_size=-1,
         megatron_tp=c.tp,

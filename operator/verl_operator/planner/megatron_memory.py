@@ -508,7 +508,7 @@ def peak_stage(parts_of: list[dict[str, float]]) -> dict[str, float]:
 def of_candidate(p: Problem, s: Settings, mini_tokens: int, micro_tokens: int) -> MegatronMemory | None:
     """The Megatron memory inputs of a candidate (None for FSDP): its sizes, the job's options and the
     micro-batches of one per-GPU mini-batch (``mini_tokens / micro_tokens``, rounded up)."""
-    if s.training_engine != "megatron":
+    if p.training_engine != "megatron":
         return None
     return MegatronMemory(
         world=s.world,

@@ -6,9 +6,10 @@ without importing the memory model, which reads the problem.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from verl_operator.api.plan import Violation
+from verl_operator.api.settings_registry import SETTINGS
 from verl_operator.planner.reader import Reader
 
 #: Optimizer bytes per parameter: fp32 master + Adam m and v (``megatron_memory.py``'s notation).
@@ -100,27 +101,11 @@ class MegatronOptions:
         return 1.0 - self.optimizer_offload_fraction if self.optimizer_cpu_offload else 1.0
 
 
-#: ``MegatronOptions`` field -> the registry setting it is read from (``api/settings_registry.py``).
-OPTION_SETTINGS = {
-    "grad_offload": "megatron_grad_offload",
-    "optimizer_cpu_offload": "megatron_optimizer_cpu_offload",
-    "optimizer_offload_fraction": "megatron_optimizer_offload_fraction",
-    "recompute_granularity": "megatron_recompute_granularity",
-    "recompute_method": "megatron_recompute_method",
-    "recompute_num_layers": "megatron_recompute_num_layers",
-    "recompute_modules": "megatron_recompute_modules",
-    "lora_rank": "megatron_lora_rank",
-    "lora_targets": "megatron_lora_targets",
-    "dynamic_cp": "megatron_dynamic_cp",
-    "moe_grouped_gemm": "megatron_moe_grouped_gemm",
-    "moe_shared_expert_overlap": "megatron_moe_shared_expert_overlap",
-    "ref_param_offload": "megatron_ref_param_offload",
-    "first_stage_layers": "megatron_first_stage_layers",
-    "last_stage_layers": "megatron_last_stage_layers",
-    "account_for_embedding": "megatron_account_for_embedding",
-    "account_for_loss": "megatron_account_for_loss",
-    "precision_aware_optimizer": "megatron_precision_aware_optimizer",
-}
+#: ``MegatronOptions`` field -> the registry setting it is read from: ``megatron_`` and the field's name (a
+#: field without its row fails here, at import).
+OPTION_SETTINGS = {f.name: f"megatron_{f.name}" for f in fields(MegatronOptions)}
+if _missing := [name for name in OPTION_SETTINGS.values() if name not in SETTINGS]:
+    raise ImportError(f"MegatronOptions reads {_missing}, which api/settings_registry.py has no row for")
 
 
 def options_of(r: Reader) -> MegatronOptions:

@@ -145,7 +145,7 @@ class Mesh:
         """
         dp = data_parallel_size(s.world, s.sequence_parallel_size)
         critic_dp = data_parallel_size(s.world, p.critic_sequence_parallel_size)
-        megatron = s.training_engine == "megatron"
+        megatron = p.training_engine == "megatron"
         if megatron:  # megatron-core's DP: world / (TP x PP x CP), for actor, ref and critic
             dp = critic_dp = max(1, s.world // (s.megatron_tp * s.megatron_pp * s.megatron_cp))
         mini = s.ppo_mini_batch_size * s.rollout_n

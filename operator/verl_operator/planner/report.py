@@ -151,6 +151,7 @@ def _emitted(p: Problem, s: Settings, adv: str, model_path: str) -> dialect.Emit
         critic_model_path=p.critic_model_path,
         dtype=p.dtype,
         rollout_name=p.rollout_name,
+        training_engine=p.training_engine,
     )
 
 
@@ -210,7 +211,7 @@ def _memory_plan(p: Problem, est: Estimate, tokens_per_sequence: int) -> MemoryP
 def _training_plan(mesh: Mesh) -> TrainingPlan | None:
     """The Megatron engine's mesh; None for FSDP (its mesh is the plan's SP and FSDP fields)."""
     s = mesh.settings
-    if s.training_engine != "megatron":
+    if mesh.problem.training_engine != "megatron":
         return None
     return TrainingPlan(
         engine="megatron",

@@ -48,7 +48,7 @@ class Resolved:
         fixed: The pinned values.
         model_path: The model path (an override of ``actor_rollout_ref.model.path`` agrees with the spec).
         adv_estimator: verl's ``algorithm.adv_estimator``.
-        default_n: ``rollout.n`` when unpinned (5 for group-based estimators, else 1).
+        default_rollout_n: ``rollout.n`` when unpinned (5 for group-based estimators, else 1).
         gpus_per_node: Pinned GPUs per node (the field, ``trainer.n_gpus_per_node`` or derived from
             ``trainer.nnodes``), or None.
         passthrough: User overrides the planner does not own, in order.
@@ -60,7 +60,7 @@ class Resolved:
     fixed: Fixed
     model_path: str
     adv_estimator: str
-    default_n: int
+    default_rollout_n: int
     gpus_per_node: int | None
     passthrough: tuple[Override, ...] = field(default_factory=tuple)
     critic_model_path: str | None = None
@@ -137,7 +137,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         fixed=fixed,
         model_path=model.path,
         adv_estimator=adv,
-        default_n=5 if adv in GROUP_ESTIMATORS else 1,
+        default_rollout_n=5 if adv in GROUP_ESTIMATORS else 1,
         gpus_per_node=gpn_val,
         passthrough=tuple(passthrough),
         critic_model_path=critic.path if critic is not None else None,

@@ -28,6 +28,7 @@ from verl_operator.planner.rules_rollout import (
     nvlink_groups,
     rollout_expert_parallel,
     rollout_replica_node,
+    rollout_response_length,
     rollout_tp_divides_world,
     rollout_tp_heads,
 )
@@ -65,7 +66,7 @@ def batch_divisible_by_world(p: Problem, mesh: Mesh) -> list[Violation]:
                 )
             ]
         return []
-    if mesh.world_divides_trajectories or s.training_engine == "megatron":
+    if mesh.world_divides_trajectories or p.training_engine == "megatron":
         # Megatron: verl checks t x n against Megatron's DP x micro-batch instead (megatron-minimal-batch).
         return []
     # t x n divides by the world exactly when t is a multiple of world / gcd(world, n).
@@ -341,6 +342,7 @@ RULES: tuple[Rule, ...] = (
     trtllm_moe_split,
     nvlink_groups,
     max_model_len,
+    rollout_response_length,
     sglang_spmd_model_len,
     batched_tokens_cover_model_len,
     mini_batch_per_gpu,

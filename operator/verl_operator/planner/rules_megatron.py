@@ -27,7 +27,7 @@ def _field(p: Problem, name: str) -> str:
 
 
 def _on(p: Problem, mesh: Mesh) -> bool:
-    return p.training_engine == "megatron" and mesh.settings.training_engine == "megatron"
+    return p.training_engine == "megatron"
 
 
 def world_divisible(p: Problem, mesh: Mesh) -> list[Violation]:

@@ -141,6 +141,32 @@ def max_model_len(p: Problem, mesh: Mesh) -> list[Violation]:
     ]
 
 
+def rollout_response_length(p: Problem, mesh: Mesh) -> list[Violation]:
+    """A pinned ``rollout.response_length`` is at most ``data.max_response_length`` (verl's default takes it,
+    0.6.1 ``trainer/config/rollout/rollout.yaml`` line 25). The rollout generates up to ``response_length``
+    tokens and the server rollouts size the engine from the rollout's lengths (0.6.1
+    ``vllm_async_server.py`` line 155: ``max_model_len = prompt_length + response_length``), while the
+    planner's ``max_model_len``, KV cache, memory and token budgets count ``data.max_response_length``."""
+    pinned = mesh.settings.rollout_response_length
+    if pinned is None or pinned <= p.max_response_length:
+        return []
+    return [
+        Violation(
+            field=_field(p, "rollout_response_length"),
+            rule="rollout-response-length",
+            message=(
+                f"rollout response_length {pinned} exceeds maxResponseLength {p.max_response_length}: the rollout "
+                f"generates {p.max_prompt_length} + {pinned} = {p.max_prompt_length + pinned} tokens per sequence, "
+                f"the plan sizes {p.max_prompt_length} + {p.max_response_length} = {p.seq_len}"
+            ),
+            suggestions=[
+                f"set spec.data.maxResponseLength to {pinned} and drop the override",
+                f"or use response_length {p.max_response_length} or less",
+            ],
+        )
+    ]
+
+
 def batched_tokens_cover_model_len(p: Problem, mesh: Mesh) -> list[Violation]:
     """verl 0.6 SPMD vLLM rollout: with chunked prefill, ``max_num_batched_tokens >= max_model_len`` (SGLang's
     SPMD rollout does not pass ``max_num_batched_tokens`` to its engine)."""

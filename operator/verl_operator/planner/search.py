@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from verl_operator.api.plan import Violation
 from verl_operator.planner import arith, megatron, rules, rules_critic, rules_megatron, rules_rollout
+from verl_operator.planner._settings_generated import KEPT
 from verl_operator.planner.budget import spend
 from verl_operator.planner.cluster import Layout
 from verl_operator.planner.inputs import Fixed, Problem, Settings
@@ -156,18 +157,20 @@ class _NearestMiss:
         return Failed(self._violations(), self._depth)
 
 
-def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found | Failed:
+def search(p: Problem, layout: Layout, fixed: Fixed, default_rollout_n: int) -> Found | Failed:
     """Find the preferred valid settings for one layout (see the module docstring for the order).
 
     Args:
         p: The fixed facts of the job on this layout's pool.
         layout: GPUs per node and node count.
         fixed: The pinned values.
-        algorithm_n: ``rollout.n`` when unpinned.
+        default_rollout_n: ``rollout.n`` when unpinned.
     """
-    n = fixed.rollout_n if fixed.rollout_n is not None else algorithm_n
+    rollout_n = fixed.rollout_n if fixed.rollout_n is not None else default_rollout_n
     tb = (
-        fixed.train_batch_size if fixed.train_batch_size is not None else default_train_batch(layout.world, n)
+        fixed.train_batch_size
+        if fixed.train_batch_size is not None
+        else default_train_batch(layout.world, rollout_n)
     )
     miss = _NearestMiss()
     fallback: Found | None = None
@@ -181,7 +184,7 @@ def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found 
             seq_len=p.seq_len,
             options=p.megatron_options,
         ):
-            base = megatron.settings_of(_base_settings(layout, fixed, tb, n, 1, -1), c)
+            base = megatron.settings_of(_base_settings(layout, fixed, tb, rollout_n, 1, -1), c)
             found = _search_mini(p, layout, fixed, base, miss.note)
             if found is not None and not found.overrun:
                 return found
@@ -190,7 +193,9 @@ def search(p: Problem, layout: Layout, fixed: Fixed, algorithm_n: int) -> Found 
         return fallback or miss.failed()
     for sp in sp_candidates(p, layout, fixed):
         for fsdp in fsdp_candidates(layout, fixed):
-            found = _search_mini(p, layout, fixed, _base_settings(layout, fixed, tb, n, sp, fsdp), miss.note)
+            found = _search_mini(
+                p, layout, fixed, _base_settings(layout, fixed, tb, rollout_n, sp, fsdp), miss.note
+            )
             if found is not None and not found.overrun:
                 return found
             # Over the GPU only by a pinned micro-batch: a later SP or FSDP candidate may still fit.
@@ -203,14 +208,14 @@ def _overrun_peak(found: Found) -> float:
     return max(found.estimate.train.peak_bytes, found.estimate.log_prob.peak_bytes)
 
 
-def _base_settings(layout: Layout, fixed: Fixed, tb: int, n: int, sp: int, fsdp: int) -> Settings:
+def _base_settings(layout: Layout, fixed: Fixed, tb: int, rollout_n: int, sp: int, fsdp: int) -> Settings:
     """The candidate of one SP and FSDP size before its batch sizes and rollout are chosen."""
     return Settings(
         world=layout.world,
         nnodes=layout.nnodes,
         gpus_per_node=layout.gpus_per_node,
         train_batch_size=tb,
-        rollout_n=n,
+        rollout_n=rollout_n,
         # The rollout TP is chosen last; the most lenient placeholder keeps early checks from rejecting
         # a candidate that a larger TP would make valid (the final check uses the real TP).
         rollout_tp=fixed.rollout_tp or layout.gpus_per_node,
@@ -225,6 +230,8 @@ def _base_settings(layout: Layout, fixed: Fixed, tb: int, n: int, sp: int, fsdp:
         log_prob_max_token_len_per_gpu=fixed.log_prob_max_token_len_per_gpu,
         param_offload=bool(fixed.param_offload),
         optimizer_offload=bool(fixed.optimizer_offload),
+        # The settings the search keeps as pinned (the rules check them; the emitter writes them back).
+        **{name: getattr(fixed, name) for name in KEPT},
     )
 
 
@@ -342,7 +349,7 @@ RECOMPUTE_PREFIX = "actor_rollout_ref.actor.megatron.override_transformer_config
 def _recompute_hint(p: Problem, mesh: Mesh) -> str:
     """For a Megatron update without recompute: the estimate with full recompute, when that fits the GPU."""
     o = p.megatron_options
-    if mesh.settings.training_engine != "megatron" or o.recompute_granularity is not None:
+    if p.training_engine != "megatron" or o.recompute_granularity is not None:
         return ""
     full = replace(o, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     peak = estimate(_memory_inputs(replace(p, megatron_options=full), mesh)).train.peak_bytes
