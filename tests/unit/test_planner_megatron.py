@@ -189,6 +189,39 @@ MEGATRON_CASES = [
         "megatron-minimal-batch",
         id="minimal-batch-500-over-64",
     ),
+    pytest.param(
+        rules_megatron.uniform_recompute_chunks,
+        {
+            "megatron_options": MegatronOptions(
+                recompute_granularity="full", recompute_method="uniform", recompute_num_layers=7
+            )
+        },
+        {"megatron_pp": 4},
+        None,
+        id="uniform-chunk-7-of-7-ok",
+    ),
+    pytest.param(
+        rules_megatron.uniform_recompute_chunks,
+        {
+            "megatron_options": MegatronOptions(
+                recompute_granularity="full", recompute_method="uniform", recompute_num_layers=2
+            )
+        },
+        {"megatron_pp": 4},
+        "megatron-recompute-chunks",
+        id="uniform-chunks-of-2-past-7",
+    ),
+    pytest.param(
+        rules_megatron.uniform_recompute_chunks,
+        {
+            "megatron_options": MegatronOptions(
+                recompute_granularity="full", recompute_method="block", recompute_num_layers=2
+            )
+        },
+        {"megatron_pp": 4},
+        None,
+        id="block-recompute-ok",
+    ),
     pytest.param(rules_megatron.megatron_dtype, {"dtype": "bfloat16"}, {}, None, id="dtype-bf16-ok"),
     pytest.param(rules_megatron.megatron_dtype, {"dtype": "float16"}, {}, "megatron-dtype", id="dtype-fp16"),
     pytest.param(

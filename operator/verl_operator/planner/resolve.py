@@ -17,6 +17,7 @@ from verl_operator.planner import (
     megatron_memory,
     megatron_models,
     rules_engines,
+    rules_shape,
     verl_keys,
 )
 from verl_operator.planner.inputs import Fixed, Problem, merge_pins
@@ -94,6 +95,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
     model = _model_facts(r.get_str("model_path") or spec.model.path, spec.model.shape, "spec.model.shape")
     if isinstance(model, Violation):
         return [*violations, model]
+    violations += rules_shape.check_spec_shapes(spec)
     mode, vs = _rollout_mode(spec, pins)
     violations += vs + _unsupported(r)
     engine, vs, engine_warnings = rules_engines.resolve_engine(spec.verl.version, mode, r)

@@ -10,6 +10,7 @@ critic). Messages show the arithmetic and the nearest valid values.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from verl_operator.api.plan import Violation
@@ -396,11 +397,67 @@ def dynamic_cp_vpp(p: Problem, mesh: Mesh) -> list[Violation]:
     ]
 
 
+#: Where a uniform recompute's chunk is pinned (an override of the actor's transformer config).
+RECOMPUTE_LAYERS_FIELD = (
+    "spec.overrides (actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers)"
+)
+
+
+def uniform_recompute_chunks(p: Problem, mesh: Mesh) -> list[Violation]:
+    """Uniform full recompute checkpoints chunks of ``recompute_num_layers`` layers from each (virtual) pipeline
+    stage's first layer, and the last chunk must end at the stage's last layer: megatron-core 0.14.0
+    ``transformer/transformer_block.py`` lines 431-441 call ``custom(layer_idx, layer_idx +
+    recompute_num_layers)`` while ``layer_idx < num_layers_per_pipeline_rank``, and ``custom`` indexes
+    ``self.layers[index]`` (lines 364-365, 380-385): a chunk that does not divide a stage's layers runs past the
+    stage (IndexError at the first step). Example: 28 layers on PP 4 are 7 per stage; chunks of 2 end at
+    layer 8: use recompute_num_layers 1 or 7, or PP 2 (14 per stage) or 7 (4)."""
+    o = p.megatron_options
+    if not _on(p, mesh) or o.recompute_granularity != "full" or o.recompute_method != "uniform":
+        return []
+    chunk = o.recompute_num_layers
+    if chunk is None or chunk < 1:
+        return []  # megatron_memory.check_recompute reports a missing one
+    s = mesh.settings
+    pp, vpp = s.megatron_pp, s.megatron_vpp or 1
+    split = o.split(p.shape.layers, pp, s.megatron_vpp) if o.uneven else None
+    stages = split if split is not None else (p.shape.layers // pp,) * pp
+    per_chunk = sorted({n // vpp for n in stages if n})
+    bad = [n for n in per_chunk if n % chunk]
+    if not bad:
+        return []
+    n = bad[0]
+    where = f"PP {pp} x VPP {vpp}" if vpp > 1 else f"PP {pp}"
+    fits = arith.divisors(math.gcd(*per_chunk))
+    near = sorted(set(arith.nearest(chunk, lambda c: c in fits, limit=max(per_chunk) + 1)))
+    others = [
+        q
+        for q in arith.divisors(p.shape.layers)
+        if q != pp and q <= 64 and (p.shape.layers // q) % (chunk * vpp) == 0
+    ][:3]
+    suggestions = [f"use recompute_num_layers {_or(near)}"] if near else []
+    if others and not o.uneven:
+        suggestions.append(f"or PP {_or(others)}")
+    return [
+        Violation(
+            field=RECOMPUTE_LAYERS_FIELD,
+            rule="megatron-recompute-chunks",
+            message=(
+                f"uniform recompute in chunks of recompute_num_layers {chunk} runs past a stage of {n} layers "
+                f"({where}; {n} % {chunk} = {n % chunk}): megatron-core's last chunk takes layers "
+                f"{n // chunk * chunk} to {n // chunk * chunk + chunk - 1} of a stage of layers 0 to {n - 1} "
+                "(IndexError at the first step)"
+            ),
+            suggestions=suggestions,
+        )
+    ]
+
+
 #: The Megatron rules, in the order their violations are reported.
 RULES: tuple[Rule, ...] = (
     world_divisible,
     heads_divisible,
     layers_divisible,
+    uniform_recompute_chunks,
     vpp_needs_pp,
     experts_divisible,
     expert_tp_sequence_parallel,
