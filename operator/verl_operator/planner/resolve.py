@@ -16,6 +16,7 @@ from verl_operator.planner import (
     megatron,
     megatron_memory,
     megatron_models,
+    rules_dtype,
     rules_engines,
     rules_shape,
     verl_keys,
@@ -74,6 +75,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         spec: The job spec.
     """
     parsed, violations, warnings = parse_overrides(spec.overrides)
+    violations += rules_dtype.dtype_conflicts(spec, parsed)
     # The training engine: chosen before the keys are checked against its config's keys.
     cn_indices, cn_engine, cn_vs = megatron.config_name_entries(spec.overrides)
     violations = [v for v in violations if v.field not in {f"spec.overrides[{i}]" for i in cn_indices}]
