@@ -174,6 +174,27 @@ MEGATRON_CASES = [
         rules_megatron.tp_nvlink, {"nvlink_required": True}, {"megatron_tp": 4}, None, id="tp-in-domain-ok"
     ),
     pytest.param(
+        rules_megatron.ep_nvlink,
+        {"shape": MOE, "nvlink_required": True},
+        {"megatron_ep": 8, "world": 16, "nnodes": 2},
+        None,
+        id="ep8-in-domain-ok",
+    ),
+    pytest.param(
+        rules_megatron.ep_nvlink,
+        {"shape": MOE, "nvlink_required": True},
+        {"megatron_ep": 16, "world": 16, "nnodes": 2},
+        "megatron-ep-nvlink",
+        id="ep16-over-8-gpu-nodes",
+    ),
+    pytest.param(
+        rules_megatron.ep_nvlink,
+        {"shape": MOE, "nvlink_required": False},
+        {"megatron_ep": 16, "world": 16, "nnodes": 2},
+        None,
+        id="ep16-nvlink-preferred-ok",
+    ),
+    pytest.param(
         rules_megatron.tp_nvlink,
         {"nvlink_required": True, "nvlink_domain": 2},
         {"megatron_tp": 4},

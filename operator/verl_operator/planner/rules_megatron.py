@@ -300,22 +300,75 @@ def experts_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
         )
     ranks = s.world // max(1, s.megatron_pp)
     if ranks % (ep * etp):
-        ok = [
-            e for e in arith.divisors(ranks) if ranks % (e * etp) == 0 and (not experts or experts % e == 0)
-        ]
-        near = [max((e for e in ok if e < ep), default=1), *[e for e in ok if e > ep][:1]]
-        out.append(
-            Violation(
-                field=_field(p, "megatron_ep"),
-                rule="megatron-expert-mesh",
-                message=(
-                    f"EP {ep} x ETP {etp} = {ep * etp} does not tile the {ranks} TP x DP x CP ranks of a pipeline "
-                    f"stage ({s.world} GPUs / PP {s.megatron_pp}; {ranks} % {ep * etp} = {ranks % (ep * etp)})"
-                ),
-                suggestions=[f"use EP {_or(sorted(set(near)))}"],
-            )
-        )
+        out.append(_expert_mesh_violation(p, mesh, ranks, ep, etp))
     return out
+
+
+def _expert_mesh_violation(p: Problem, mesh: Mesh, ranks: int, ep: int, etp: int) -> Violation:
+    """EP x ETP does not tile a stage's ranks: the field of the factor to change (ETP when it is pinned and
+    no other EP tiles with it), and the nearest other values of each factor that do; never the value set."""
+    s, experts = mesh.settings, p.shape.num_experts
+    eps = [e for e in arith.divisors(ranks) if ranks % (e * etp) == 0 and (not experts or experts % e == 0)]
+    etps = [t for t in arith.divisors(ranks) if ranks % (ep * t) == 0]
+    near_ep, near_etp = _nearest_other(ep, eps), _nearest_other(etp, etps)
+    blame_etp = s.megatron_etp is not None and p.pinned("megatron_etp") and (not near_ep or ranks % etp != 0)
+    suggestions = [f"use EP {_or(near_ep)}"] if near_ep and not blame_etp else []
+    if near_etp:
+        suggestions.append(f"use ETP {_or(near_etp)}")
+    return Violation(
+        field=_field(p, "megatron_etp") if blame_etp else _field(p, "megatron_ep"),
+        rule="megatron-expert-mesh",
+        message=(
+            f"EP {ep} x ETP {etp} = {ep * etp} does not tile the {ranks} TP x DP x CP ranks of a pipeline "
+            f"stage ({s.world} GPUs / PP {s.megatron_pp}; {ranks} % {ep * etp} = {ranks % (ep * etp)})"
+        ),
+        suggestions=suggestions,
+    )
+
+
+def _nearest_other(value: int, ok: list[int]) -> list[int]:
+    """The valid values nearest below and above ``value``, ``value`` itself left out."""
+    below = [v for v in ok if v < value]
+    above = [v for v in ok if v > value]
+    return sorted({*below[-1:], *above[:1]})
+
+
+def ep_nvlink(p: Problem, mesh: Mesh) -> list[Violation]:
+    """With ``placement.nvlink: required``, an expert-parallel group (EP x ETP ranks: the tokens' all-to-all
+    of every MoE layer) sits inside one NVLink domain, as the TP group does (:func:`tp_nvlink`)."""
+    if not _on(p, mesh) or not p.nvlink_required:
+        return []
+    s = mesh.settings
+    etp = expert_tp(s)
+    group, dom = s.megatron_ep * etp, p.nvlink_domain
+    if group <= 1 or fits_nvlink_domain(group, dom):
+        return []
+    experts = p.shape.num_experts
+    ok = [
+        e
+        for e in arith.divisors(dom)
+        if fits_nvlink_domain(e * etp, dom) and (not experts or experts % e == 0)
+    ]
+    near = _nearest_other(s.megatron_ep, ok)
+    where = (
+        f"spans {-(-group // dom)} NVLink domains of {dom} GPUs"
+        if group > dom
+        else f"does not tile the NVLink domains of {dom} GPUs ({dom} % {group} = {dom % group})"
+    )
+    return [
+        Violation(
+            field=_field(p, "megatron_ep"),
+            rule="megatron-ep-nvlink",
+            message=(
+                f"the expert-parallel group of EP {s.megatron_ep} x ETP {etp} = {group} GPUs {where}, and "
+                "spec.placement.nvlink is required (the all-to-all of every MoE layer stays inside a domain)"
+            ),
+            suggestions=[
+                *([f"use EP {_or(near)}"] if near else []),
+                "or set spec.placement.nvlink: preferred",
+            ],
+        )
+    ]
 
 
 def tp_nvlink(p: Problem, mesh: Mesh) -> list[Violation]:
@@ -462,6 +515,7 @@ RULES: tuple[Rule, ...] = (
     experts_divisible,
     expert_tp_sequence_parallel,
     tp_nvlink,
+    ep_nvlink,
     minimal_batch,
     megatron_dtype,
     dynamic_cp_vpp,
