@@ -201,7 +201,7 @@ def _key_value(pair: list[Any]) -> tuple[str, str]:
     return key, json.dumps(value if value != "" or not str(key).startswith("~") else None, sort_keys=True)
 
 
-@pytest.fixture(scope="module", params=["0.9", "0.6"])
+@pytest.fixture(scope="module", params=["0.9.1", "0.6.1"])
 def hydra_python(request: pytest.FixtureRequest, verl_envs: dict[str, Any]) -> Path:
     return Path(verl_envs[request.param].python)
 
