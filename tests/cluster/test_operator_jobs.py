@@ -870,3 +870,19 @@ def test_reconciles_read_the_watch_cache_not_the_api_server(
     after = _api_reads(kube)
     assert {k: after.get(k, 0.0) - v for k, v in reads.items()} == dict.fromkeys(reads, 0.0)
     assert set(after) == set(reads)
+
+
+def test_an_image_that_cannot_be_pulled_gives_the_gpus_back_after_the_start_deadline(jobs: Jobs) -> None:
+    """The kubelet cannot pull the image (the devcluster's pod-simulate-pull-failure stage): the job says so
+    (Starting, ImagePullFailed, PodsStartable=False naming the image), then fails at spec.startDeadlineSeconds
+    with its pods deleted: nothing holds the GPUs."""
+    manifest = job("nopull", 16, 8, resources={"nodeSelector": DGX}, startDeadlineSeconds=5)
+    manifest["spec"]["verl"]["image"] = "registry.invalid/verl:0.9.1"
+    assert jobs.apply(manifest).returncode == 0
+    wait_for(lambda: jobs.status("nopull").get("reason") == "ImagePullFailed" or None, "ImagePullFailed")
+    startable = {c["type"]: c for c in jobs.status("nopull")["conditions"]}["PodsStartable"]
+    assert startable["status"] == "False" and "registry.invalid/verl:0.9.1" in startable["message"]
+    status = jobs.wait_phase("nopull", "Failed", timeout=60)
+    assert status["reason"] == "StartDeadlineExceeded", status
+    assert "not started within spec.startDeadlineSeconds 5" in status["message"]
+    wait_for(lambda: jobs.pods("nopull") == [] or None, "the pods of nopull deleted")
