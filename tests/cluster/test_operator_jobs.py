@@ -886,3 +886,16 @@ def test_an_image_that_cannot_be_pulled_gives_the_gpus_back_after_the_start_dead
     assert status["reason"] == "StartDeadlineExceeded", status
     assert "not started within spec.startDeadlineSeconds 5" in status["message"]
     wait_for(lambda: jobs.pods("nopull") == [] or None, "the pods of nopull deleted")
+
+
+def test_admission_denies_a_job_whose_pods_exceed_a_pod_count_quota(jobs: Jobs) -> None:
+    """``pods: 1`` admits each pod of a 2-pod job alone, never the job: denied at ``kubectl apply``."""
+    quota = {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1", "requests.cpu": "1000"}}}
+    jobs.core.create_namespaced_resource_quota(jobs.ns, quota)
+    applied = jobs.apply(job("pair", 16, 8, resources={"nodeSelector": DGX}))
+    assert applied.returncode != 0, applied.stdout
+    assert (
+        f"the job's 2 Ray pods in all exceed ResourceQuota {jobs.ns}/one-pod (pods: 1 < 2)" in applied.stderr
+    )
+    assert jobs.get("pair") is None
+    assert jobs.apply(job("single", 8, 8, resources={"nodeSelector": DGX})).returncode == 0
