@@ -872,6 +872,49 @@ def test_reconciles_read_the_watch_cache_not_the_api_server(
     assert set(after) == set(reads)
 
 
+def test_admission_denies_a_job_whose_pods_exceed_a_pod_count_quota(jobs: Jobs) -> None:
+    """``pods: 1`` admits each pod of a 2-pod job alone, never the job: denied at ``kubectl apply``."""
+    quota = {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1", "requests.cpu": "1000"}}}
+    jobs.core.create_namespaced_resource_quota(jobs.ns, quota)
+    applied = jobs.apply(job("pair", 16, 8, resources={"nodeSelector": DGX}))
+    assert applied.returncode != 0, applied.stdout
+    assert (
+        f"the job's 2 Ray pods in all exceed ResourceQuota {jobs.ns}/one-pod (pods: 1 < 2)" in applied.stderr
+    )
+    assert jobs.get("pair") is None
+    assert jobs.apply(job("single", 8, 8, resources={"nodeSelector": DGX})).returncode == 0
+
+
+def test_a_forged_status_is_overwritten_from_the_pods(jobs: Jobs) -> None:
+    """``kubectl patch --subresource=status`` of phase Succeeded on a Running job: the pods stay, the phase
+    is derived from them again (Running), a StatusOverwritten Warning event says so."""
+    assert jobs.apply(job("forged", 16, 8, resources={"nodeSelector": DGX})).returncode == 0
+    jobs.wait_phase("forged", "Running")
+    before = {p.metadata.name: p.metadata.uid for p in jobs.running_pods("forged", 2)}
+    patched = jobs.kubectl(
+        [
+            "patch",
+            "vj",
+            "forged",
+            "-n",
+            jobs.ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"phase": "Succeeded", "completionTime": "2027-01-01T00:00:00Z"}}),
+        ]
+    )
+    assert patched.returncode == 0, patched.stderr
+    wait_for(
+        lambda: any(e.reason == "StatusOverwritten" for e in jobs.events("forged")) or None,
+        "a StatusOverwritten event",
+    )
+    status = jobs.wait_phase("forged", "Running")
+    assert "completionTime" not in status
+    after = {p.metadata.name: p.metadata.uid for p in jobs.running_pods("forged", 2)}
+    assert after == before, "the forged phase deleted or replaced pods"
+
+
 def test_an_image_that_cannot_be_pulled_gives_the_gpus_back_after_the_start_deadline(jobs: Jobs) -> None:
     """The kubelet cannot pull the image (the devcluster's pod-simulate-pull-failure stage): the job says so
     (Starting, ImagePullFailed, PodsStartable=False naming the image), then fails at spec.startDeadlineSeconds
@@ -886,16 +929,3 @@ def test_an_image_that_cannot_be_pulled_gives_the_gpus_back_after_the_start_dead
     assert status["reason"] == "StartDeadlineExceeded", status
     assert "not started within spec.startDeadlineSeconds 5" in status["message"]
     wait_for(lambda: jobs.pods("nopull") == [] or None, "the pods of nopull deleted")
-
-
-def test_admission_denies_a_job_whose_pods_exceed_a_pod_count_quota(jobs: Jobs) -> None:
-    """``pods: 1`` admits each pod of a 2-pod job alone, never the job: denied at ``kubectl apply``."""
-    quota = {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1", "requests.cpu": "1000"}}}
-    jobs.core.create_namespaced_resource_quota(jobs.ns, quota)
-    applied = jobs.apply(job("pair", 16, 8, resources={"nodeSelector": DGX}))
-    assert applied.returncode != 0, applied.stdout
-    assert (
-        f"the job's 2 Ray pods in all exceed ResourceQuota {jobs.ns}/one-pod (pods: 1 < 2)" in applied.stderr
-    )
-    assert jobs.get("pair") is None
-    assert jobs.apply(job("single", 8, 8, resources={"nodeSelector": DGX})).returncode == 0
