@@ -767,8 +767,8 @@ def test_a_job_posts_each_child_once_and_reads_none_back(
 ) -> None:
     """From apply to Running, a two-pod job costs one POST of its ServiceAccount, ConfigMap and Service each
     besides the admission dry run of each (none answered 409, as a second post of the creating pass was), no
-    read of its ConfigMap, the dry run of the head, a worker and the quota check and two pod creates, and two
-    gate removals."""
+    read of its ConfigMap, the dry run of the head and a worker, a list of the namespace's quotas, two pod
+    creates, and two gate removals."""
 
     def namespaces_settled() -> bool | None:
         # Deleting earlier tests' namespaces makes other clients post (and be refused) in them.
@@ -788,9 +788,10 @@ def test_a_job_posts_each_child_once_and_reads_none_back(
         assert f"POST {kind} 409" not in made, (kind, made)
     assert not any(k.startswith("GET configmaps") for k in made), made
     assert made.get("PATCH pods 200") == 2.0, made  # the two gate removals, nothing else
-    # the dry run of the head and a worker, the dry run of one pod with the job's 16 GPUs (the namespace's
-    # quotas), the two pods
-    assert made.get("POST pods 201") == 5.0, made
+    # the dry run of the head and a worker, the two pods; the namespace's quotas are listed for the job-wide
+    # quota check instead of a dry-run pod with the job's 16 GPUs
+    assert made.get("POST pods 201") == 4.0, made
+    assert made.get("LIST resourcequotas 200", 0.0) >= 1.0, made
 
 
 def _request_totals(kube: client.ApiClient) -> list[tuple[dict[str, str], float]]:
