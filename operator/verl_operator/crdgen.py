@@ -70,7 +70,7 @@ ROOT_RULES: tuple[dict[str, str], ...] = (
 #: Spec fields that may change while the job is Starting or Running; they take effect at once (suspend deletes
 #: the pods, the rest are read at each reconcile pass). Every other field is immutable then.
 MUTABLE_WHILE_RUNNING = frozenset(
-    {"suspend", "backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished"}
+    {"suspend", "backoffLimit", "activeDeadlineSeconds", "startDeadlineSeconds", "ttlSecondsAfterFinished"}
 )
 
 

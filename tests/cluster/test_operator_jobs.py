@@ -767,8 +767,8 @@ def test_a_job_posts_each_child_once_and_reads_none_back(
 ) -> None:
     """From apply to Running, a two-pod job costs one POST of its ServiceAccount, ConfigMap and Service each
     besides the admission dry run of each (none answered 409, as a second post of the creating pass was), no
-    read of its ConfigMap, the dry run of the head, a worker and the quota check and two pod creates, and two
-    gate removals."""
+    read of its ConfigMap, the dry run of the head and a worker, a list of the namespace's quotas, two pod
+    creates, and two gate removals."""
 
     def namespaces_settled() -> bool | None:
         # Deleting earlier tests' namespaces makes other clients post (and be refused) in them.
@@ -788,9 +788,10 @@ def test_a_job_posts_each_child_once_and_reads_none_back(
         assert f"POST {kind} 409" not in made, (kind, made)
     assert not any(k.startswith("GET configmaps") for k in made), made
     assert made.get("PATCH pods 200") == 2.0, made  # the two gate removals, nothing else
-    # the dry run of the head and a worker, the dry run of one pod with the job's 16 GPUs (the namespace's
-    # quotas), the two pods
-    assert made.get("POST pods 201") == 5.0, made
+    # the dry run of the head and a worker, the two pods; the namespace's quotas are listed for the job-wide
+    # quota check instead of a dry-run pod with the job's 16 GPUs
+    assert made.get("POST pods 201") == 4.0, made
+    assert made.get("LIST resourcequotas 200", 0.0) >= 1.0, made
 
 
 def _request_totals(kube: client.ApiClient) -> list[tuple[dict[str, str], float]]:
@@ -870,3 +871,62 @@ def test_reconciles_read_the_watch_cache_not_the_api_server(
     after = _api_reads(kube)
     assert {k: after.get(k, 0.0) - v for k, v in reads.items()} == dict.fromkeys(reads, 0.0)
     assert set(after) == set(reads)
+
+
+def test_admission_denies_a_job_whose_pods_exceed_a_pod_count_quota(jobs: Jobs) -> None:
+    """``pods: 1`` admits each pod of a 2-pod job alone, never the job: denied at ``kubectl apply``."""
+    quota = {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1", "requests.cpu": "1000"}}}
+    jobs.core.create_namespaced_resource_quota(jobs.ns, quota)
+    applied = jobs.apply(job("pair", 16, 8, resources={"nodeSelector": DGX}))
+    assert applied.returncode != 0, applied.stdout
+    assert (
+        f"the job's 2 Ray pods in all exceed ResourceQuota {jobs.ns}/one-pod (pods: 1 < 2)" in applied.stderr
+    )
+    assert jobs.get("pair") is None
+    assert jobs.apply(job("single", 8, 8, resources={"nodeSelector": DGX})).returncode == 0
+
+
+def test_a_forged_status_is_overwritten_from_the_pods(jobs: Jobs) -> None:
+    """``kubectl patch --subresource=status`` of phase Succeeded on a Running job: the pods stay, the phase
+    is derived from them again (Running), a StatusOverwritten Warning event says so."""
+    assert jobs.apply(job("forged", 16, 8, resources={"nodeSelector": DGX})).returncode == 0
+    jobs.wait_phase("forged", "Running")
+    before = {p.metadata.name: p.metadata.uid for p in jobs.running_pods("forged", 2)}
+    patched = jobs.kubectl(
+        [
+            "patch",
+            "vj",
+            "forged",
+            "-n",
+            jobs.ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"phase": "Succeeded", "completionTime": "2027-01-01T00:00:00Z"}}),
+        ]
+    )
+    assert patched.returncode == 0, patched.stderr
+    wait_for(
+        lambda: any(e.reason == "StatusOverwritten" for e in jobs.events("forged")) or None,
+        "a StatusOverwritten event",
+    )
+    status = jobs.wait_phase("forged", "Running")
+    assert "completionTime" not in status
+    after = {p.metadata.name: p.metadata.uid for p in jobs.running_pods("forged", 2)}
+    assert after == before, "the forged phase deleted or replaced pods"
+
+
+def test_an_image_that_cannot_be_pulled_gives_the_gpus_back_after_the_start_deadline(jobs: Jobs) -> None:
+    """The kubelet cannot pull the image (the devcluster's pod-simulate-pull-failure stage): the job says so
+    (Starting, ImagePullFailed, PodsStartable=False naming the image), then fails at spec.startDeadlineSeconds
+    with its pods deleted: nothing holds the GPUs."""
+    manifest = job("nopull", 16, 8, resources={"nodeSelector": DGX}, startDeadlineSeconds=5)
+    manifest["spec"]["verl"]["image"] = "registry.invalid/verl:0.9.1"
+    assert jobs.apply(manifest).returncode == 0
+    wait_for(lambda: jobs.status("nopull").get("reason") == "ImagePullFailed" or None, "ImagePullFailed")
+    startable = {c["type"]: c for c in jobs.status("nopull")["conditions"]}["PodsStartable"]
+    assert startable["status"] == "False" and "registry.invalid/verl:0.9.1" in startable["message"]
+    status = jobs.wait_phase("nopull", "Failed", timeout=60)
+    assert status["reason"] == "StartDeadlineExceeded", status
+    assert "not started within spec.startDeadlineSeconds 5" in status["message"]
+    wait_for(lambda: jobs.pods("nopull") == [] or None, "the pods of nopull deleted")

@@ -329,3 +329,73 @@ def test_release_after_the_deadline_writes_nothing() -> None:
     clock.advance(10)
     assert not a.release(), "past the renew deadline the lease may be another's already"
     assert store.writes == writes
+
+
+def test_a_deleted_lease_never_yields_two_leaders() -> None:
+    """The Lease deleted by hand: the standby waits out the last record it saw, the leader re-creates it;
+    at no clock reading do both lead."""
+    clock, store = Clock(), MemoryLease()
+    leader, standby = elector(store, clock, "a"), elector(store, clock, "b")
+    assert leader.try_acquire_or_renew() and not standby.try_acquire_or_renew()
+    store.record = None  # kubectl delete lease
+    clock.advance(1)
+    assert not standby.try_acquire_or_renew()  # the holder it saw may still lead
+    assert not (leader.is_leader() and standby.is_leader())
+    clock.advance(1)
+    assert leader.try_acquire_or_renew()  # the leader re-creates it at its next renew
+    assert store.record is not None and store.record.holder == "a"
+    for _ in range(20):
+        clock.advance(DEFAULT.retry_period)
+        leader.try_acquire_or_renew()
+        standby.try_acquire_or_renew()
+        assert leader.is_leader() and not standby.is_leader()
+
+
+def test_a_deleted_lease_of_a_crashed_leader_is_taken_after_its_duration() -> None:
+    clock, store = Clock(), MemoryLease()
+    crashed, standby = elector(store, clock, "a"), elector(store, clock, "b")
+    assert crashed.try_acquire_or_renew() and not standby.try_acquire_or_renew()
+    store.record = None
+    clock.advance(DEFAULT.lease_duration - 1)
+    assert not standby.try_acquire_or_renew()
+    clock.advance(1)
+    assert standby.try_acquire_or_renew() and standby.is_leader()
+    assert not crashed.is_leader()  # its renew deadline passed long before
+
+
+def test_a_stolen_lease_stops_the_leader_at_its_next_attempt() -> None:
+    """Another holder written by hand: the leader stops leading at that attempt, not at its renew deadline,
+    and its fence refuses writes from then on."""
+    clock, store = Clock(), MemoryLease()
+    leader = elector(store, clock, "a")
+    assert leader.try_acquire_or_renew()
+    assert store.record is not None
+    store._store(replace(store.record, holder="intruder"))
+    clock.advance(1)
+    assert not leader.try_acquire_or_renew()
+    assert not leader.is_leader()
+
+    class Kube:
+        def patch_status(self, *args: object) -> None:
+            raise AssertionError("a write went through")
+
+    with pytest.raises(NotLeading):
+        FencedKube(Kube(), leader.is_leader).patch_status("ns", "j", {})
+
+
+def test_a_conflicting_renew_stops_leading() -> None:
+    clock, store = Clock(), MemoryLease()
+    leader = elector(store, clock, "a")
+    assert leader.try_acquire_or_renew()
+    assert store.record is not None
+    real_get = store.get
+
+    def stale_get() -> LeaseRecord | None:
+        record = real_get()
+        if record is not None:
+            store._store(replace(record))  # someone writes between the get and the update
+        return record
+
+    store.get = stale_get  # type: ignore[method-assign]
+    clock.advance(1)
+    assert not leader.try_acquire_or_renew() and not leader.is_leader()

@@ -107,6 +107,7 @@ class _Server(socketserver.ThreadingMixIn, HTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.lock = threading.Lock()
         self.requests: list[str] = []
+        self.quotas: list[dict[str, Any]] = []
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -133,6 +134,17 @@ class _Handler(BaseHTTPRequestHandler):
             }
         data = json.dumps(body).encode()
         self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        """The namespace's ResourceQuotas (the job-wide quota check lists them)."""
+        with self.server.lock:
+            self.server.requests.append(self.path.split("?")[0])
+        data = json.dumps({"kind": "ResourceQuotaList", "items": self.server.quotas}).encode()
+        self.send_response(200 if self.path.split("?")[0].endswith("/resourcequotas") else 404)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -175,7 +187,7 @@ def _review(srv: _Server, name: str, spec: dict[str, Any], user: str, window: fl
 
 def test_the_second_job_of_a_batch_sends_no_request(server: _Server) -> None:
     problems, first = _review(server, "run-1", SPEC, "alice", 30)
-    # the permission, the ServiceAccount, ConfigMap, Service, head and worker pods, the job-wide quota pod
+    # the permission, the ServiceAccount, ConfigMap, Service, head and worker pods, the namespace's quotas
     assert problems == [] and first == 7, server.requests
     assert _review(server, "run-2", SPEC, "alice", 30) == ([], 0)
     # another author asks for their own permission only
@@ -215,3 +227,16 @@ def test_a_quota_limit_range_or_namespace_change_asks_again(server: _Server) -> 
         assert _review(server, "run-2", SPEC, "alice", 30) == ([], 7)
     asyncio.run(handlers.namespace_limits_event(namespace="elsewhere"))
     assert _review(server, "run-3", SPEC, "alice", 30) == ([], 0)
+
+
+def test_a_quota_below_the_whole_job_denies_it(server: _Server) -> None:
+    """Each pod fits ``pods: 1``; the job's two do not: denied at admission, naming the field and the quota."""
+    server.quotas = [{"metadata": {"name": "one", "namespace": "team"}, "spec": {"hard": {"pods": "1"}}}]
+    problems, _ = _review(server, "run-1", SPEC, "alice", 30)
+    assert problems == [
+        "spec.resources.gpusPerNode: the job's 2 Ray pods in all exceed ResourceQuota team/one (pods: 1 < 2); "
+        "raise the quota or use more GPUs per pod (fewer pods)"
+    ]
+    server.quotas = [{"metadata": {"name": "one", "namespace": "team"}, "spec": {"hard": {"pods": "2"}}}]
+    asyncio.run(handlers.namespace_limits_event(namespace="team"))  # the quota's change is seen
+    assert _review(server, "run-2", SPEC, "alice", 30)[0] == []

@@ -174,6 +174,27 @@ MEGATRON_CASES = [
         rules_megatron.tp_nvlink, {"nvlink_required": True}, {"megatron_tp": 4}, None, id="tp-in-domain-ok"
     ),
     pytest.param(
+        rules_megatron.ep_nvlink,
+        {"shape": MOE, "nvlink_required": True},
+        {"megatron_ep": 8, "world": 16, "nnodes": 2},
+        None,
+        id="ep8-in-domain-ok",
+    ),
+    pytest.param(
+        rules_megatron.ep_nvlink,
+        {"shape": MOE, "nvlink_required": True},
+        {"megatron_ep": 16, "world": 16, "nnodes": 2},
+        "megatron-ep-nvlink",
+        id="ep16-over-8-gpu-nodes",
+    ),
+    pytest.param(
+        rules_megatron.ep_nvlink,
+        {"shape": MOE, "nvlink_required": False},
+        {"megatron_ep": 16, "world": 16, "nnodes": 2},
+        None,
+        id="ep16-nvlink-preferred-ok",
+    ),
+    pytest.param(
         rules_megatron.tp_nvlink,
         {"nvlink_required": True, "nvlink_domain": 2},
         {"megatron_tp": 4},
@@ -188,6 +209,39 @@ MEGATRON_CASES = [
         {"megatron_tp": 2, "train_batch_size": 100, "ppo_mini_batch_size": 100},
         "megatron-minimal-batch",
         id="minimal-batch-500-over-64",
+    ),
+    pytest.param(
+        rules_megatron.uniform_recompute_chunks,
+        {
+            "megatron_options": MegatronOptions(
+                recompute_granularity="full", recompute_method="uniform", recompute_num_layers=7
+            )
+        },
+        {"megatron_pp": 4},
+        None,
+        id="uniform-chunk-7-of-7-ok",
+    ),
+    pytest.param(
+        rules_megatron.uniform_recompute_chunks,
+        {
+            "megatron_options": MegatronOptions(
+                recompute_granularity="full", recompute_method="uniform", recompute_num_layers=2
+            )
+        },
+        {"megatron_pp": 4},
+        "megatron-recompute-chunks",
+        id="uniform-chunks-of-2-past-7",
+    ),
+    pytest.param(
+        rules_megatron.uniform_recompute_chunks,
+        {
+            "megatron_options": MegatronOptions(
+                recompute_granularity="full", recompute_method="block", recompute_num_layers=2
+            )
+        },
+        {"megatron_pp": 4},
+        None,
+        id="block-recompute-ok",
     ),
     pytest.param(rules_megatron.megatron_dtype, {"dtype": "bfloat16"}, {}, None, id="dtype-bf16-ok"),
     pytest.param(rules_megatron.megatron_dtype, {"dtype": "float16"}, {}, "megatron-dtype", id="dtype-fp16"),

@@ -129,7 +129,7 @@ def test_emitted_values_parse_back(value: Value) -> None:
         pytest.param("{name:'it\\'s'}", {"name": "it's"}, id="escaped-quote"),
         pytest.param("{path:${oc.env:HOME}/x}", {"path": "${oc.env:HOME}/x"}, id="interpolation"),
         pytest.param("{a:b:c}", {"a": "b:c"}, id="colon-in-value"),
-        pytest.param("{flag:True,none:null,x:}", {"flag": True, "none": None, "x": ""}, id="typed"),
+        pytest.param("{flag:True,none:null,x:''}", {"flag": True, "none": None, "x": ""}, id="typed"),
         pytest.param("[{a:1},{b:[2]}]", [{"a": 1}, {"b": [2]}], id="dicts-in-list"),
     ],
 )
@@ -140,16 +140,16 @@ def test_parse_dict_values(text: str, value: Value) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        pytest.param("{nnodes:1", "unbalanced braces", id="open-brace"),
-        pytest.param("{nnodes:1}}", "unexpected '}'", id="extra-brace"),
-        pytest.param("{nnodes 1}", "':' expected after the dict key 'nnodes'", id="no-colon"),
-        pytest.param("{:1}", "a dict key (a name) expected", id="no-key"),
-        pytest.param("{a.b:1}", "':' expected after the dict key 'a'", id="dotted-key"),
+        pytest.param("{nnodes:1", "unbalanced braces: ',' or '}' expected, found the end", id="open-brace"),
+        pytest.param("{nnodes:1}}", "unbalanced braces: unexpected '}' at character 11", id="extra-brace"),
+        pytest.param("{nnodes 1}", "':' after the dict key expected, found '}'", id="no-colon"),
+        pytest.param("{:1}", "a dict key expected, found ':'", id="no-key"),
+        pytest.param("{a.b:1}", "the dict key 'a.b' is not a name", id="dotted-key"),
         pytest.param("{n:1,n:2}", "the dict key 'n' appears twice", id="repeated-key"),
         pytest.param("{n:[1,2}", "unbalanced brackets", id="bracket-in-dict"),
         pytest.param("{n:'a}", "unbalanced quotes", id="open-quote"),
-        pytest.param("{n:1} x", "unexpected 'x'", id="trailing-text"),
-        pytest.param("a}", "unbalanced braces", id="close-without-open"),
+        pytest.param("{n:1} x", "unexpected 'x' at character 6", id="trailing-text"),
+        pytest.param("a}", "unbalanced braces: unexpected '}'", id="close-without-open"),
         pytest.param("{a:" * 17 + "1" + "}" * 17, "dicts nested deeper than 16 levels", id="deep"),
     ],
 )

@@ -25,6 +25,7 @@ from pydantic_core import PydanticCustomError
 
 from verl_operator.api import limits as L
 from verl_operator.api.base import ApiModel
+from verl_operator.api.image_ref import image_problem
 from verl_operator.api.quantity import Bounds, QuantityError, bounded_quantity
 from verl_operator.api.settings_registry import SETTINGS
 
@@ -71,6 +72,14 @@ def _quantity(bounds: Bounds) -> AfterValidator:
     return AfterValidator(check)
 
 
+def _image(text: str) -> str:
+    """An image reference the kubelet parses (:mod:`verl_operator.api.image_ref`)."""
+    problem = image_problem(text)
+    if problem is not None:
+        raise PydanticCustomError("image_reference", "{problem}", {"problem": problem})
+    return text
+
+
 _QUANTITY_TEXT = Field(max_length=L.MAX_QUANTITY, pattern=L.QUANTITY_PATTERN)
 #: A Kubernetes resource quantity without a sign: the schema checks the grammar, the models the value.
 Quantity = Annotated[str, _QUANTITY_TEXT]
@@ -98,7 +107,7 @@ class Algorithm(StrEnum):
 
 
 class VerlSpec(ApiModel):
-    image: str = Field(
+    image: Annotated[str, AfterValidator(_image)] = Field(
         min_length=1,
         max_length=L.MAX_IMAGE,
         description=(
@@ -622,6 +631,16 @@ class VerlJobSpec(ApiModel):
     )
     active_deadline_seconds: int | None = Field(
         default=None, ge=1, le=L.MAX_SECONDS, description="Fail the job when it has run longer than this."
+    )
+    start_deadline_seconds: int = Field(
+        default=600,
+        ge=1,
+        le=L.MAX_SECONDS,
+        description=(
+            "Fail the job and give its GPUs back when a Ray container has waited this long with a transient "
+            "start error (ErrImagePull, ImagePullBackOff, CreateContainerConfigError, CreateContainerError); "
+            "an invalid image reference (InvalidImageName) fails it at once."
+        ),
     )
     ttl_seconds_after_finished: int | None = Field(
         default=None,

@@ -33,6 +33,7 @@ from verl_operator.controller.refused import (
 from verl_operator.controller.running import run
 from verl_operator.controller.status import condition, merge_conditions, parse_time
 from verl_operator.controller.transition import Event, Transition, advance, on_change
+from verl_operator.manifests.names import LABEL_ATTEMPT
 
 
 def decide(seen: Observed) -> Transition:
@@ -41,7 +42,10 @@ def decide(seen: Observed) -> Transition:
         return Transition()
     seen = own_pods(seen)
     if seen.status.phase in FINISHED_PHASES:
-        return finished(seen)
+        live = live_pods(seen)
+        if not live:
+            return finished(seen)
+        return unfinished(seen, live)
     try:
         spec = VerlJobSpec.model_validate(seen.job.get("spec") or {})
     except ValidationError as exc:
@@ -56,6 +60,43 @@ def decide(seen: Observed) -> Transition:
             return Transition()  # the pods could not be created: wait for the retry (or a change)
         return place_job(seen, spec)
     return run(seen, spec)
+
+
+def live_pods(seen: Observed) -> list[str]:
+    """The pods of the current attempt that still run or wait to (not finished, not being deleted)."""
+    attempt = str(seen.status.attempt)
+    return [
+        str(p["metadata"]["name"])
+        for p in seen.pods
+        if (p["metadata"].get("labels") or {}).get(LABEL_ATTEMPT) == attempt
+        and pod_phase(p) not in ("Succeeded", "Failed")
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def unfinished(seen: Observed, live: Sequence[str]) -> Transition:
+    """A finished phase in status while pods of the current attempt still run: the operator never writes one
+    without deleting them (its own write of a finished phase deletes them in the same pass), so the phase is
+    not the operator's record (a status patched by hand) or its deletion did not happen. Status is derived
+    from the world, never obeyed: the job is decided again from its pods as a placed job (the forged phase
+    and completion time overwritten), with a Warning event naming the phase that was ignored. A job that did
+    end is found ended again by the same evidence (the head's exit, a failed pod, a deadline)."""
+    old = seen.status
+    spec_doc = seen.job.get("spec") or {}
+    try:
+        spec = VerlJobSpec.model_validate(spec_doc)
+    except ValidationError as exc:
+        return invalid_update(seen, exc)
+    believed = StatusChange(phase="Starting", completion_time=None).apply(old)
+    decided = run(replace(seen, status=believed), spec)
+    new = decided.status if decided.status is not None else believed
+    text = (
+        f"status.phase {old.phase} was not written by the operator: {len(live)} pods of attempt {old.attempt} "
+        f"still run ({', '.join(live[:3])}); the status is derived from them ({new.phase})"
+    )
+    ended = new.phase in FINISHED_PHASES and decided.event is not None  # the pods show it ended after all
+    event = decided.event if ended else Event("Warning", "StatusOverwritten", text)
+    return replace(decided, status=new, event=event)
 
 
 def own_pods(seen: Observed) -> Observed:

@@ -56,6 +56,15 @@ def dry_run_children(
     return out
 
 
+def job_pods(
+    name: str, namespace: str, spec: VerlJobSpec, plan: Mapping[str, Any], launcher_image: str | None
+) -> list[dict[str, Any]]:
+    """Every Ray pod of the job's first attempt, as the operator would create them (for the quota totals)."""
+    job = {"metadata": {"name": name, "namespace": namespace, "uid": DRY_RUN_UID}}
+    launch = LaunchPlan.from_plan_json(plan, spec, launcher_image=launcher_image)
+    return [c for c in build_children(job, spec, launch, 0) if c["kind"] == "Pod"]
+
+
 def dry_run_pod(
     name: str, namespace: str, spec: VerlJobSpec, plan: Mapping[str, Any], launcher_image: str | None
 ) -> dict[str, Any]:

@@ -23,9 +23,9 @@ from verl_operator.api.spec import GROUP, PLURAL, VERSION
 from verl_operator.controller import metrics
 from verl_operator.controller.cache import CachedKube
 from verl_operator.controller.config import current
-from verl_operator.controller.dryrun import dry_run_children, dry_run_problems
+from verl_operator.controller.dryrun import dry_run_children, dry_run_problems, job_pods
 from verl_operator.controller.kopf_toggles import install as install_quiet_toggles
-from verl_operator.controller.kube import gpu_quota_problems, kueue_problems
+from verl_operator.controller.kube import job_quota_problems, kueue_problems
 from verl_operator.controller.leader import (
     ElectionTiming,
     FencedKube,
@@ -35,6 +35,7 @@ from verl_operator.controller.leader import (
 )
 from verl_operator.controller.progress_client import ProgressClient
 from verl_operator.controller.proofs import PROOFS, children_key, permission_key, quota_key
+from verl_operator.controller.quota import job_totals
 from verl_operator.controller.reconcile import JobReconciler
 from verl_operator.controller.runtime import RUNTIME
 from verl_operator.controller.webhook import (
@@ -221,7 +222,7 @@ def _api_problems(
     policy: Any,
 ) -> list[str]:
     """The API server's verdicts on a job the planner accepts: the author's permission, Kueue's queue, the
-    children's dry runs and the job-wide GPU quota; a check that passed for the same request less than
+    children's dry runs and the job-wide quota (pods, CPU, memory, GPUs, extended resources); a check that passed for the same request less than
     ``policy.reuse_verdict_seconds`` ago is not asked again (``controller/proofs.py``)."""
     window = float(policy.reuse_verdict_seconds)
     # The permission check and the dry run are two independent API calls: made at once, the review waits for
@@ -234,13 +235,16 @@ def _api_problems(
     dry_run: list[str] = []
     if checked.spec is not None and _queue_changed(checked.spec.scheduling.queue_name, old_spec):
         dry_run = kueue_problems(_API[0], checked.spec.scheduling.queue_name)
-    # The children's dry runs and the job-wide GPU quota check are independent requests too: all made at
+    # The children's dry runs and the job-wide quota check are independent requests too: all made at
     # once; the quota's verdict counts only when every child would be created (as if made after them).
     quota: Future[list[str]] | None = None
-    gpus = int(checked.plan.get("worldSize") or 0) if checked.plan is not None else 0
-    multi_node = checked.plan is not None and int(checked.plan.get("nnodes") or 1) > 1
-    if not dry_run and changed and multi_node and not PROOFS.proved(ns, quota_key(gpus), window):
-        quota = _CALLS.submit(gpu_quota_problems, _API[0], ns, gpus)
+    totals_key = ""
+    if not dry_run and changed and checked.spec is not None and checked.plan is not None:
+        pods = job_pods(name, ns, checked.spec, checked.plan, current().launcher_image)
+        priority = checked.spec.scheduling.priority_class_name
+        totals_key = quota_key(job_totals(pods), priority)
+        if not PROOFS.proved(ns, totals_key, window):
+            quota = _CALLS.submit(job_quota_problems, _API[0], ns, pods, priority)
     if not dry_run and checked.spec is not None and checked.plan is not None:
         launcher = current().launcher_image
         launch = LaunchPlan.from_plan_json(checked.plan, checked.spec, launcher_image=launcher)
@@ -253,7 +257,7 @@ def _api_problems(
     if quota is not None:
         quota_problems = quota.result()
         if not quota_problems:
-            PROOFS.passed(ns, quota_key(gpus), window)
+            PROOFS.passed(ns, totals_key, window)
         dry_run = dry_run or quota_problems
     if permission is not None:
         denied = permission.result()

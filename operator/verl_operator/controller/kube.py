@@ -7,7 +7,7 @@ import datetime as dt
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from kubernetes import client
@@ -15,7 +15,8 @@ from kubernetes.client.exceptions import ApiException
 
 from verl_operator.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from verl_operator.controller.kueue import WORKLOAD_GROUP, WORKLOAD_VERSIONS
-from verl_operator.controller.refused import ChildBlocked, name_taken, refusal
+from verl_operator.controller.quota import job_totals, quota_problems
+from verl_operator.controller.refused import name_taken, refusal
 from verl_operator.manifests.children import KUEUE_QUEUE_LABEL
 from verl_operator.manifests.names import LABEL_JOB
 
@@ -333,55 +334,18 @@ def kueue_problems(api: client.ApiClient, queue_name: str | None) -> list[str]:
     ]
 
 
-#: The GPU resource the Ray pods request.
-GPU = "nvidia.com/gpu"
+def job_quota_problems(
+    api: client.ApiClient, namespace: str, pods: Sequence[Mapping[str, Any]], priority_class: str | None
+) -> list[str]:
+    """The admission problems of a job whose pods in all exceed a ResourceQuota of its namespace: pods,
+    CPU, memory, GPUs and extended resources, requests and limits (:mod:`verl_operator.controller.quota`).
 
-
-def gpu_quota_problems(api: client.ApiClient, namespace: str, gpus: int) -> list[str]:
-    """The admission problem of a job whose GPUs in all exceed a ResourceQuota of its namespace (else none).
-
-    The dry run of the job's pods judges each pod alone, and a quota that every pod fits may still be below
-    the job (12 GPUs for two pods of 8). So one more pod is dry-run, asking for all of the job's GPUs: the
-    quota admission plugin compares it with every quota of the namespace (no read of the quotas is needed,
-    nor a verb for it). Only a quota it can never fit counts (the GPUs exceed the quota's limit); any other
-    answer is left to the dry run of the real pods.
+    The namespace's quotas are read (the operator's role lists them; its watch forgets proofs when they
+    change); none when they cannot be read (the pods' own dry run still judges each pod).
     """
-    pod: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "generateName": "verl-gpu-quota-check-",
-            "name": "verl-gpu-quota-check",
-            "namespace": namespace,
-        },
-        "spec": {
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": 65534,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "containers": [
-                {
-                    "name": "quota",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"requests": {GPU: str(gpus)}, "limits": {GPU: str(gpus)}},
-                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                }
-            ],
-        },
-    }
-    body: Any = {**pod, "metadata": {k: v for k, v in pod["metadata"].items() if k != "name"}}
     try:
-        drained(
-            client.CoreV1Api(api).create_namespaced_pod(
-                namespace, body, dry_run="All", _preload_content=False
-            )
-        )
-    except ApiException as exc:
-        verdict = refusal(exc, pod)
-        if isinstance(verdict, ChildBlocked) and verdict.reason == "QuotaExceeded" and not verdict.transient:
-            return [
-                f"spec.resources.gpus: the job's {gpus} GPUs in all exceed {verdict.blocker} "
-                f"(the API server: {verdict.api_message})"
-            ]
-    return []
+        found = client.CoreV1Api(api).list_namespaced_resource_quota(namespace, _preload_content=False)
+        items = response_json(found).get("items") or []
+    except (ApiException, OSError, ValueError):
+        return []
+    return quota_problems(items, job_totals(pods), len(pods), priority_class)

@@ -5,6 +5,12 @@ there is none; renews it while it holds it; takes it over only when the record i
 the lease's duration by its own clock (so two replicas' clocks need not agree); and every write carries the
 ``resourceVersion`` it read, so of two replicas that try at once one wins and the other gets a conflict.
 
+A leader that finds the Lease held by another (taken over by hand, or deleted and re-created), or whose
+renew meets a conflict, stops leading at that attempt, not at its renew deadline; a standby that finds the
+Lease deleted waits until the last record it saw would have expired (its holder may still lead until then)
+before it creates one, while the leader re-creates it at its next renew. So a Lease deleted or stolen by hand
+never yields two writers.
+
 A leader that has not renewed for the renew deadline stops leading at once (:meth:`LeaderElector.is_leader`
 turns false at that instant, and :class:`FencedKube` refuses every write after it), which is before another
 replica can take the lease over: that one waits the lease's duration from when it last saw a change, and the
@@ -179,10 +185,18 @@ class LeaderElector:
         duration = max(1, round(self.timing.lease_duration))
         current = self.store.get()
         if current is None:
+            seen = self.observed
+            if (
+                seen is not None
+                and seen.holder not in (None, self.identity)
+                and not self._expired(seen, started)
+            ):
+                return False  # a deleted Lease: its last holder may lead until the record it wrote expires
             mine = LeaseRecord(self.identity, duration, stamp, stamp, 0)
             try:
                 self._observe(self.store.create(mine), started)
             except LeaseConflict:
+                self.renewed_at = None  # another created it first: it leads
                 return False
             self.renewed_at = started
             return True
@@ -192,6 +206,7 @@ class LeaderElector:
             self.observed = current  # the same record at a newer version: keep when it last changed
         holder = current.holder or None
         if holder is not None and holder != self.identity and not self._expired(current, started):
+            self.renewed_at = None  # another holds it (taken by hand, or re-created): stop leading at once
             return False
         if holder == self.identity:
             mine = replace(current, lease_duration_seconds=duration, renew_time=stamp)
@@ -202,6 +217,7 @@ class LeaderElector:
         try:
             self._observe(self.store.update(mine), started)
         except LeaseConflict:
+            self.renewed_at = None  # the Lease changed under this write: someone else wrote it
             return False
         self.renewed_at = started
         return True

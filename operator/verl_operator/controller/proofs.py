@@ -28,6 +28,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
+from decimal import Decimal
 from typing import Any
 
 from verl_operator.manifests import LaunchPlan
@@ -118,6 +119,8 @@ def children_key(name: str, spec: Mapping[str, Any], launch: LaunchPlan) -> str:
     return "children:" + hashlib.sha256(blob.encode()).hexdigest()
 
 
-def quota_key(gpus: int) -> str:
-    """The key of a job-wide GPU quota check of ``gpus`` GPUs."""
-    return f"gpu-quota:{gpus}"
+def quota_key(totals: Mapping[str, Decimal], priority_class: str | None) -> str:
+    """The key of a job-wide quota check of a job's ``totals`` (:func:`~verl_operator.controller.quota.job_totals`)
+    under ``priority_class`` (quotas may be scoped by it)."""
+    text = ",".join(f"{k}={v}" for k, v in sorted(totals.items()))
+    return f"quota:{priority_class or ''}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from verl_contract.progress import ProgressDocument
@@ -19,8 +20,9 @@ from verl_operator.api.status import Condition, Phase, ProgressAdvice, StatusCha
 from verl_operator.controller.assess import Verdict, assess, pod_phase
 from verl_operator.controller.kueue import kueue_transition
 from verl_operator.controller.pipeline import children_of
+from verl_operator.controller.podstart import STARTABLE, Stuck, stuck
 from verl_operator.controller.progress import STALL_REASONS, Followed, follow
-from verl_operator.controller.status import bounded, condition, parse_time
+from verl_operator.controller.status import bounded, condition, format_time, merge_conditions, parse_time
 from verl_operator.controller.transition import Event, Transition, advance, on_change
 from verl_operator.manifests.names import GANG_GATE, LABEL_ATTEMPT
 
@@ -70,13 +72,61 @@ def run(seen: Observed, spec: VerlJobSpec) -> Transition:
         return _node_not_ready(seen, sick, stale)
     if verdict.action == "create":
         return _create(seen, tuple(children), wanted, current, stale)
+    if verdict.action == "starting":
+        blocked = stuck(wanted, current)
+        if blocked is not None:
+            return _cannot_start(seen, spec, blocked, current, stale)
     if verdict.action == "running":
         followed = _follow(seen, spec)
         if followed is not None and followed.stalled is not None and followed.action != "none":
             return _end_attempt(seen, _stall_verdict(seen, spec, followed), current, stale)
         return _running(seen, verdict, wanted, current, stale, followed)
-    new = _advance(seen, "Starting", verdict.reason, verdict.message)
+    new = _started(_advance(seen, "Starting", verdict.reason, verdict.message))
     return Transition(status=new, delete=stale)
+
+
+def _started(status: VerlJobStatus) -> VerlJobStatus:
+    """``status`` without the :data:`STARTABLE` condition: no container waits to be started any more."""
+    if status.condition(STARTABLE) is None:
+        return status
+    return StatusChange(conditions=[c for c in status.conditions if c.type != STARTABLE]).apply(status)
+
+
+def _cannot_start(
+    seen: Observed, spec: VerlJobSpec, blocked: Stuck, current: Pods, stale: tuple[str, ...]
+) -> Transition:
+    """A container of the attempt cannot be started: the GPUs go back at once for a permanent reason, after
+    ``spec.startDeadlineSeconds`` for a transient one (counted from the pass that first saw it: the
+    :data:`STARTABLE` condition's transition); meanwhile ``Starting`` with the reason and the time."""
+    gen, now, old = seen.generation, seen.stamp, seen.status
+    before = old.condition(STARTABLE)
+    since = parse_time(before.last_transition_time) if before is not None else None
+    since = seen.now if since is None else since
+    limit = spec.start_deadline_seconds
+    placement = old.placement
+    gpus = len(placement.nodes) * int(placement.gpus_per_node or 0) if placement is not None else 0
+    held = f"{gpus} GPUs" if gpus else "its GPUs"
+    cond = condition(STARTABLE, False, blocked.reason, blocked.message, gen, now)
+    if blocked.permanent or seen.now - since >= limit:
+        reason = blocked.reason if blocked.permanent else "StartDeadlineExceeded"
+        waited = "" if blocked.permanent else f"; not started within spec.startDeadlineSeconds {limit}"
+        text = f"{blocked.message}{waited}; the Ray pods are deleted and {held} given back"
+        verdict = Verdict("fail", reason, text)
+        ended = _end_attempt(seen, verdict, current, stale)
+        assert ended.status is not None  # _end_attempt always writes a status
+        return replace(ended, status=StatusChange(conditions=_merged(ended.status, cond)).apply(ended.status))
+    due = format_time(since + limit)
+    text = (
+        f"{blocked.message}; the job holds {held} and gives them back at {due} unless the pods start "
+        f"(spec.startDeadlineSeconds {limit})"
+    )
+    new = _advance(seen, "Starting", blocked.reason, text, conditions=[cond])
+    event = Event("Warning", blocked.reason, text)
+    return Transition(status=new, event=on_change(old, new, event), delete=stale)
+
+
+def _merged(status: VerlJobStatus, cond: Condition) -> list[Condition]:
+    return merge_conditions(status.conditions, [cond])
 
 
 def _advance(
@@ -112,6 +162,7 @@ def _end_attempt(seen: Observed, verdict: Verdict, current: Pods, stale: tuple[s
             conditions=[condition("Placed", False, "Restarting", verdict.message, gen, now)],
             changes=StatusChange(attempt=status.attempt + 1, restarts=status.restarts + 1).unplaced(),
         )
+        new = _started(new)  # the next attempt's containers are judged afresh
         event = Event("Warning", "Restarting", verdict.message)
         return Transition(
             status=new, event=on_change(status, new, event), delete=stale + tuple(current), unreserve=True
@@ -249,7 +300,9 @@ def _running(
     ready = condition("Ready", True, verdict.reason, where, seen.generation, seen.stamp)
     conditions = [ready, *(followed.conditions if followed is not None else ())]
     changes = StatusChange(progress=followed.progress) if followed is not None else None
-    new = _advance(seen, "Running", verdict.reason, verdict.message, conditions=conditions, changes=changes)
+    new = _started(
+        _advance(seen, "Running", verdict.reason, verdict.message, conditions=conditions, changes=changes)
+    )
     event = on_change(seen.status, new, Event("Normal", "Running", f"all Ray pods running: {where}"))
     if event is None and followed is not None:
         event = followed.event

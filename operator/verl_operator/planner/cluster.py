@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verl_contract.gpu_product import same_product
+from verl_contract.gpu_product import product_key, same_product
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner.facts import NodeFacts, Taint, cpu_millicores, memory_bytes
 from verl_operator.planner.mesh import pod_cpu, pod_memory
@@ -145,14 +145,26 @@ def gpu_memory(node: NodeFacts, spec: VerlJobSpec) -> int | None:
     return node.gpu_memory_mib if node.gpu_memory_mib is not None else spec.resources.gpu_memory_mib
 
 
+#: GPU memory that differs by at most this share between nodes of one product is one physical model read in
+#: two label styles (GFD's NVML total, 81559 MiB for an H100 80GB, against Karpenter's nominal 81920).
+SAME_MODEL_MEMORY = 0.03
+
+
 def select(facts: Sequence[NodeFacts], spec: VerlJobSpec) -> tuple[list[Pool], dict[str, str]]:
     """Eligible nodes grouped into pools, and the reason each other node was excluded.
+
+    A pool is one physical GPU model: the product compared as :func:`same_product` does (any label style or
+    spelling), its memory within :data:`SAME_MODEL_MEMORY` (the pool takes the smallest), one NVLink domain
+    size. So idle GPUs of one model whose nodes are labelled in another style (GKE's, Karpenter's) are used by
+    the same plan. A job handed to a scheduler of its own (``scheduling.gang`` kueue or volcano) keeps one
+    product label per pool: its pods select the pool's nodes by that label.
 
     Pools are ordered by GPU memory ascending, then product name (best fit: the smallest GPUs that can hold
     the job are tried first, leaving larger ones to larger jobs).
     """
     excluded: dict[str, str] = {}
-    groups: dict[tuple[str, int, int, tuple[tuple[str, str], ...]], list[NodeFacts]] = {}
+    by_model: dict[tuple[str, int, tuple[tuple[str, str], ...]], list[tuple[int, NodeFacts]]] = {}
+    own_label = spec.scheduling.gang != "builtin"
     for node in sorted(facts, key=lambda n: name_key(n.name)):
         reason = exclusion_reason(node, spec)
         if reason is not None:
@@ -160,13 +172,33 @@ def select(facts: Sequence[NodeFacts], spec: VerlJobSpec) -> tuple[list[Pool], d
             continue
         memory = gpu_memory(node, spec)
         assert memory is not None  # exclusion_reason guarantees it
-        key = (node.gpu_product, memory, node.nvlink_domain_size, product_selector(node))
-        groups.setdefault(key, []).append(node)
+        label = product_selector(node) if own_label else ()
+        key = (product_key(node.gpu_product or ""), node.nvlink_domain_size, label)
+        by_model.setdefault(key, []).append((memory, node))
+    groups: list[tuple[str, int, int, tuple[tuple[str, str], ...], list[NodeFacts]]] = []
+    for (_, domain, label), members in by_model.items():
+        for part in _memory_classes(members):
+            nodes = sorted((n for _, n in part), key=lambda n: name_key(n.name))
+            labels = {product_selector(n) for n in nodes}
+            selector = next(iter(labels)) if len(labels) == 1 else label
+            groups.append((nodes[0].gpu_product or "", min(m for m, _ in part), domain, selector, nodes))
     pools = [
-        Pool(product=k[0], memory_mib=k[1], nvlink_domain=k[2], nodes=tuple(v), selector=k[3])
-        for k, v in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2]))
+        Pool(product=g[0], memory_mib=g[1], nvlink_domain=g[2], nodes=tuple(g[4]), selector=g[3])
+        for g in sorted(groups, key=lambda g: (g[1], g[0], g[2], g[3]))
     ]
     return pools, excluded
+
+
+def _memory_classes(members: list[tuple[int, NodeFacts]]) -> list[list[tuple[int, NodeFacts]]]:
+    """``(memory, node)`` of one product split where the memory grows by more than :data:`SAME_MODEL_MEMORY`
+    (an A100 of 40 and of 80 GB stay apart; 81559 and 81920 MiB are one)."""
+    out: list[list[tuple[int, NodeFacts]]] = []
+    for memory, node in sorted(members, key=lambda m: (m[0], name_key(m[1].name))):
+        if out and memory <= out[-1][0][0] * (1 + SAME_MODEL_MEMORY):
+            out[-1].append((memory, node))
+        else:
+            out.append([(memory, node)])
+    return out
 
 
 def _domains(nodes: Sequence[NodeFacts], spec: VerlJobSpec) -> list[list[NodeFacts]]:

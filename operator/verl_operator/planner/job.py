@@ -108,6 +108,7 @@ def _plan_resolved(
 
     # The nearest miss over all pools and layouts: the one that got furthest, the last of those (larger GPUs).
     nearest: Failed | None = None
+    nearest_pool: Pool | None = None
     any_layout = False
     for pool in pools:
         for layout in layouts(pool, spec, gpn_val):
@@ -133,10 +134,35 @@ def _plan_resolved(
                     resolved.model_path,
                 )
             if nearest is None or outcome.depth >= nearest.depth:
-                nearest = outcome
+                nearest, nearest_pool = outcome, pool
     if not any_layout:
         return _infeasible([capacity_violation(spec, pools, gpn_val)])
-    return _infeasible(nearest.violations if nearest is not None else [])
+    if nearest is None or nearest_pool is None:
+        return _infeasible([])
+    return _infeasible(_memory_from_spec(nearest.violations, nearest_pool, spec))
+
+
+def _memory_from_spec(violations: Sequence[Violation], pool: Pool, spec: VerlJobSpec) -> list[Violation]:
+    """A GPU memory that only ``spec.resources.gpuMemoryMiB`` gives (the pool's nodes publish none): a memory
+    violation names that field, with the value it took, not the GPU count."""
+    mib = spec.resources.gpu_memory_mib
+    if mib is None or any(n.gpu_memory_mib is not None for n in pool.nodes):
+        return list(violations)
+    out = []
+    for v in violations:
+        if v.rule.startswith("memory-") and v.field == "spec.resources.gpus":
+            v = v.model_copy(
+                update={
+                    "field": "spec.resources.gpuMemoryMiB",
+                    "message": f"{v.message} (spec.resources.gpuMemoryMiB {mib}: the nodes publish no GPU memory)",
+                    "suggestions": [
+                        "set spec.resources.gpuMemoryMiB to one GPU's memory in MiB (an H100 80GB: 81559)",
+                        *v.suggestions,
+                    ],
+                }
+            )
+        out.append(v)
+    return out
 
 
 def _domain_fit(pool: Pool, layout: Layout) -> tuple[int, int]:

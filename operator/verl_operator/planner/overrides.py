@@ -1,10 +1,11 @@
 """Parse raw verl Hydra overrides (``key=value``, ``+key=value``, ``++key=value``, ``~key``) and read the
 planner's keys as Hydra applies them.
 
-Values follow Hydra's override grammar: quoted strings (``'a b'``, ``"a"``, ``\\'`` escapes the quote), lists
-(``[a,b]``), dicts (``{n:64,engine_kwargs:{vllm:{}}}``, nested), ``true``/``True``/``false``/``False``,
-``null``, integers, floats, and unquoted strings (``$HOME/data/train.parquet`` stays a string).
-Interpolations (``${...}``) are kept verbatim.
+Overrides are parsed by Hydra's own grammar (:mod:`~verl_operator.planner.hydra_grammar`): quoted strings,
+lists, dicts, ``true``/``null`` in any case, integers (``1_000``), floats, the casts ``int(4)``, ``float(..)``,
+``str(..)`` and ``bool(..)``, unquoted strings (``$HOME/data/train.parquet`` stays a string); interpolations
+(``${...}``) are kept verbatim. What Hydra refuses is refused (a space before ``=``, a character its lexer has
+no token for), and so is what a single run cannot take (a sweep: ``a,b``, ``range(...)``, ``glob(...)``).
 
 Hydra merges a dict value into the node it names (``trainer={nnodes:5}`` sets ``trainer.nnodes``, leaving the
 rest of ``trainer`` alone), with or without ``+``/``++``; any other value replaces the node, and ``~key``
@@ -19,14 +20,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from verl_operator.api.plan import Violation
+from verl_operator.planner import hydra_grammar
 
 Scalar = str | int | float | bool | None
 Value = Scalar | list["Value"] | dict[str, "Value"]
 
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z_0-9][A-Za-z0-9_\-]*)*$")
 _DICT_KEY_RE = re.compile(r"[A-Za-z0-9_\-]+")
-_INT_RE = re.compile(r"^[+-]?\d+$")
-_FLOAT_RE = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
 
 #: Lists and dicts nested deeper than this are refused (verl's configs nest a few levels).
 MAX_DEPTH = 16
@@ -89,183 +89,48 @@ def shorten(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 20]}...({len(text)} characters)"
 
 
-def _scalar(t: str) -> Value:
-    """An unquoted primitive: bool, null, int, float or the text itself."""
-    low = t.lower()
-    if low == "true":
-        return True
-    if low == "false":
-        return False
-    if low in ("null", "none", "~"):
-        return None
-    if _INT_RE.match(t):
-        digits = len(t.lstrip("+-"))
-        if digits > MAX_DIGITS:
-            raise OverrideError(f"an integer of {digits} digits is too long (at most {MAX_DIGITS})")
-        return int(t)
-    if _FLOAT_RE.match(t):
-        return float(t)
-    return t
-
-
-class _Reader:
-    """A recursive-descent reader of one value in Hydra's element grammar.
-
-    ``element := quoted | '[' (element (',' element)*)? ']' | '{' (name ':' element (',' ...)*)? '}' |
-    primitive``; a primitive runs to the next ``,``, ``]`` or ``}`` outside ``${...}``.
-    """
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.pos = 0
-
-    def _ws(self) -> None:
-        while self.pos < len(self.text) and self.text[self.pos] in " \t":
-            self.pos += 1
-
-    def _peek(self) -> str:
-        return self.text[self.pos] if self.pos < len(self.text) else ""
-
-    def _fail(self, what: str) -> OverrideError:
-        return OverrideError(f"{what} at character {self.pos + 1} of {shorten(self.text)!r}")
-
-    def element(self, depth: int, top: bool = False) -> Value:
-        self._ws()
-        ch = self._peek()
-        if ch == "[":
-            return self._list(depth)
-        if ch == "{":
-            return self._dict(depth)
-        if ch and ch in "'\"":
-            return self._quoted()
-        return self._primitive(top)
-
-    def _list(self, depth: int) -> list[Value]:
-        if depth >= MAX_DEPTH:
-            raise OverrideError(f"lists nested deeper than {MAX_DEPTH} levels")
-        self.pos += 1
-        out: list[Value] = []
-        self._ws()
-        if self._peek() == "]":
-            self.pos += 1
-            return out
-        while True:
-            self._ws()
-            out.append("" if self._peek() in (",", "]") else self.element(depth + 1))
-            self._ws()
-            ch = self._peek()
-            self.pos += 1
-            if ch == "]":
-                return out
-            if ch != ",":
-                self.pos -= 1
-                raise self._fail("unbalanced brackets: ',' or ']' expected" if ch else "unbalanced brackets")
-
-    def _dict(self, depth: int) -> dict[str, Value]:
-        if depth >= MAX_DEPTH:
-            raise OverrideError(f"dicts nested deeper than {MAX_DEPTH} levels")
-        self.pos += 1
-        out: dict[str, Value] = {}
-        self._ws()
-        if self._peek() == "}":
-            self.pos += 1
-            return out
-        while True:
-            self._ws()
-            match = _DICT_KEY_RE.match(self.text, self.pos)
-            if match is None:
-                raise self._fail("unbalanced braces" if not self._peek() else "a dict key (a name) expected")
-            name = match.group()
-            self.pos = match.end()
-            self._ws()
-            if self._peek() != ":":
-                raise self._fail(f"':' expected after the dict key {name!r}")
-            self.pos += 1
-            self._ws()
-            value = "" if self._peek() in (",", "}") else self.element(depth + 1)
-            if name in out:
-                raise self._fail(f"the dict key {name!r} appears twice")
-            out[name] = value
-            self._ws()
-            ch = self._peek()
-            self.pos += 1
-            if ch == "}":
-                return out
-            if ch != ",":
-                self.pos -= 1
-                raise self._fail("unbalanced braces: ',' or '}' expected" if ch else "unbalanced braces")
-
-    def _quoted(self) -> str:
-        quote = self.text[self.pos]
-        self.pos += 1
-        out: list[str] = []
-        while self.pos < len(self.text):
-            ch = self.text[self.pos]
-            if ch == "\\" and self.text[self.pos + 1 : self.pos + 2] == quote:
-                out.append(quote)
-                self.pos += 2
-                continue
-            self.pos += 1
-            if ch == quote:
-                return "".join(out)
-            out.append(ch)
-        raise OverrideError(f"unbalanced quotes in {shorten(self.text)!r}")
-
-    def _primitive(self, top: bool) -> Value:
-        start = self.pos
-        n = len(self.text)
-        while self.pos < n:
-            ch = self.text[self.pos]
-            if ch == "$" and self.text[self.pos + 1 : self.pos + 2] == "{":
-                self._interpolation()
-                continue
-            if ch in "[]{}":
-                if top or ch in "[{":
-                    raise self._fail(f"unbalanced {'brackets' if ch in '[]' else 'braces'}: quote a {ch!r}")
-                break
-            if ch == "," and not top:
-                break
-            self.pos += 1
-        t = self.text[start : self.pos].strip()
-        if t and (t[0] in "'\"" or t[-1] in "'\""):
-            raise OverrideError(f"unbalanced quotes in {shorten(self.text)!r}")
-        return _scalar(t)
-
-    def _interpolation(self) -> None:
-        """Skip ``${...}`` (nested interpolations included)."""
-        depth = 0
-        while self.pos < len(self.text):
-            ch = self.text[self.pos]
-            self.pos += 1
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    return
-        raise OverrideError(f"unclosed interpolation '${{' in {shorten(self.text)!r}")
-
-
 def parse_value(text: str, depth: int = 0) -> Value:
-    """Parse the right-hand side of an override.
+    """Parse the right-hand side of an override by Hydra's grammar (:mod:`~verl_operator.planner.hydra_grammar`).
 
     Args:
-        text: The value as written, e.g. ``4``, ``0.6``, ``True``, ``'a b'``, ``[x,y]``, ``{n:64}``, ``null``.
+        text: The value as written, e.g. ``4``, ``0.6``, ``True``, ``'a b'``, ``[x,y]``, ``{n:64}``, ``null``,
+            ``int(4)``.
         depth: How deep inside lists and dicts ``text`` is (deeper than ``MAX_DEPTH`` is refused).
 
     Returns:
         The Python value: int, float, bool, None, str, or a list or dict of those.
 
     Raises:
-        OverrideError: unbalanced quotes, brackets or braces, a dict entry that is not ``name:value``,
-            nesting too deep, an integer too long.
+        OverrideError: what Hydra refuses (unbalanced quotes, brackets or braces, a character its lexer has
+            no token for, a sweep, an unknown function), nesting too deep, an integer too long.
     """
-    reader = _Reader(text.strip())
-    value = reader.element(depth, top=True)
-    reader._ws()
-    if reader.pos != len(reader.text):
-        raise reader._fail(f"unexpected {reader._peek()!r} after the value")
+    try:
+        value = hydra_grammar.parse_value(text, max_depth=MAX_DEPTH - depth)
+    except hydra_grammar.GrammarError as exc:
+        raise OverrideError(f"{exc} in {shorten(text)!r}") from exc
+    _check(value)
     return value
+
+
+def _check(value: Value) -> None:
+    """What the planner reads beyond Hydra's grammar: integers of at most :data:`MAX_DIGITS` digits (Python
+    refuses to print past 4300), dict keys that are names (Hydra would take ``{a.b:1}`` as one key ``a.b``)."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        digits = len(str(abs(value)))
+        if digits > MAX_DIGITS:
+            raise OverrideError(f"an integer of {digits} digits is too long (at most {MAX_DIGITS})")
+    elif isinstance(value, list):
+        for item in value:
+            _check(item)
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            if not _DICT_KEY_RE.fullmatch(name):
+                raise OverrideError(
+                    f"the dict key {name!r} is not a name (letters, digits, '_', '-'; nested keys as {{a:{{b:1}}}})"
+                )
+            _check(item)
 
 
 def format_value(value: Value) -> str:
@@ -288,32 +153,27 @@ def format_value(value: Value) -> str:
 
 
 def parse_override(raw: str, index: int = 0) -> Override:
-    """Parse one override string.
+    """Parse one override string by Hydra's grammar (key mode, then the value).
 
     Args:
         raw: ``key=value``, ``+key=value``, ``++key=value`` or ``~key``.
         index: Its position in the list (for error messages).
 
     Raises:
-        OverrideError: not valid override syntax.
+        OverrideError: not valid override syntax (a space before ``=`` included), a sweep, an unknown function.
     """
-    text = raw.strip()
-    prefix = ""
-    for p in ("++", "+", "~"):
-        if text.startswith(p):
-            prefix, text = p, text[len(p) :]
-            break
-    if prefix == "~" and "=" not in text:
-        key, value_text = text.strip(), ""
-    else:
-        if "=" not in text:
-            raise OverrideError(f"{raw!r} is not key=value")
-        key, value_text = text.split("=", 1)
-        key = key.strip()
+    try:
+        prefix, key, value_text, _ = hydra_grammar.split_key(raw)
+    except hydra_grammar.GrammarError as exc:
+        raise OverrideError(f"{exc} in {shorten(raw)!r}") from exc
     if not _KEY_RE.match(key):
         raise OverrideError(f"{key!r} is not a dotted config key")
-    value = parse_value(value_text) if value_text.strip() else ("" if prefix != "~" else None)
-    return Override(index=index, raw=raw, prefix=prefix, key=key, text=value_text.strip(), value=value)
+    if value_text is None:
+        value: Value = None
+    else:
+        value = parse_value(value_text) if value_text else ("" if prefix != "~" else None)
+    text = (value_text or "").strip()
+    return Override(index=index, raw=raw, prefix=prefix, key=key, text=text, value=value)
 
 
 def parse_overrides(raws: Sequence[str]) -> tuple[list[Override], list[Violation], list[str]]:

@@ -17,7 +17,9 @@ from verl_operator.planner import (
     megatron_memory,
     megatron_models,
     megatron_options,
+    rules_dtype,
     rules_engines,
+    rules_shape,
     verl_keys,
 )
 from verl_operator.planner.inputs import Fixed, Problem, merge_pins
@@ -74,6 +76,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
         spec: The job spec.
     """
     parsed, violations, warnings = parse_overrides(spec.overrides)
+    violations += rules_dtype.dtype_conflicts(spec, parsed)
     # The training engine: chosen before the keys are checked against its config's keys.
     cn_indices, cn_engine, cn_vs = megatron.config_name_entries(spec.overrides)
     violations = [v for v in violations if v.field not in {f"spec.overrides[{i}]" for i in cn_indices}]
@@ -95,6 +98,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
     model = _model_facts(r.get_str("model_path") or spec.model.path, spec.model.shape, "spec.model.shape")
     if isinstance(model, Violation):
         return [*violations, model]
+    violations += rules_shape.check_spec_shapes(spec)
     mode, vs = _rollout_mode(spec, pins)
     violations += vs + _unsupported(r)
     engine, vs, engine_warnings = rules_engines.resolve_engine(spec.verl.version, mode, r)

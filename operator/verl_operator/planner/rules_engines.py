@@ -347,9 +347,22 @@ def rollout_data_parallel(p: Problem, mesh: Mesh) -> list[Violation]:
     per node are ``gpus_per_node // TP x TP``: 0.6.1 ``vllm_async_server.py`` lines 250-257, 0.9.1 lines 385-392).
     """
     dp = p.rollout_dp
+    field = p.rollout_dp_source
+    if dp is not None and dp < 1:
+        return [
+            Violation(
+                field=field,
+                rule="rollout-data-parallel",
+                message=(
+                    f"rollout data_parallel_size {dp}: a replica has at least one data parallel rank (verl divides "
+                    f"the world by tensorParallelSize x data_parallel_size = {mesh.rollout_tp} x {dp} = "
+                    f"{mesh.rollout_tp * dp}: ZeroDivisionError at start)"
+                ),
+                suggestions=["use data_parallel_size=1 (verl's default) or drop the override"],
+            )
+        ]
     if dp is None or dp <= 1:
         return []
-    field = p.rollout_dp_source
     why = _DP_SUPPORT.get((p.rollout_name, p.mode))
     if why is not None:
         return [

@@ -10,6 +10,7 @@ critic). Messages show the arithmetic and the nearest valid values.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from verl_operator.api.plan import Violation
@@ -299,22 +300,75 @@ def experts_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
         )
     ranks = s.world // max(1, s.megatron_pp)
     if ranks % (ep * etp):
-        ok = [
-            e for e in arith.divisors(ranks) if ranks % (e * etp) == 0 and (not experts or experts % e == 0)
-        ]
-        near = [max((e for e in ok if e < ep), default=1), *[e for e in ok if e > ep][:1]]
-        out.append(
-            Violation(
-                field=_field(p, "megatron_ep"),
-                rule="megatron-expert-mesh",
-                message=(
-                    f"EP {ep} x ETP {etp} = {ep * etp} does not tile the {ranks} TP x DP x CP ranks of a pipeline "
-                    f"stage ({s.world} GPUs / PP {s.megatron_pp}; {ranks} % {ep * etp} = {ranks % (ep * etp)})"
-                ),
-                suggestions=[f"use EP {_or(sorted(set(near)))}"],
-            )
-        )
+        out.append(_expert_mesh_violation(p, mesh, ranks, ep, etp))
     return out
+
+
+def _expert_mesh_violation(p: Problem, mesh: Mesh, ranks: int, ep: int, etp: int) -> Violation:
+    """EP x ETP does not tile a stage's ranks: the field of the factor to change (ETP when it is pinned and
+    no other EP tiles with it), and the nearest other values of each factor that do; never the value set."""
+    s, experts = mesh.settings, p.shape.num_experts
+    eps = [e for e in arith.divisors(ranks) if ranks % (e * etp) == 0 and (not experts or experts % e == 0)]
+    etps = [t for t in arith.divisors(ranks) if ranks % (ep * t) == 0]
+    near_ep, near_etp = _nearest_other(ep, eps), _nearest_other(etp, etps)
+    blame_etp = s.megatron_etp is not None and p.pinned("megatron_etp") and (not near_ep or ranks % etp != 0)
+    suggestions = [f"use EP {_or(near_ep)}"] if near_ep and not blame_etp else []
+    if near_etp:
+        suggestions.append(f"use ETP {_or(near_etp)}")
+    return Violation(
+        field=_field(p, "megatron_etp") if blame_etp else _field(p, "megatron_ep"),
+        rule="megatron-expert-mesh",
+        message=(
+            f"EP {ep} x ETP {etp} = {ep * etp} does not tile the {ranks} TP x DP x CP ranks of a pipeline "
+            f"stage ({s.world} GPUs / PP {s.megatron_pp}; {ranks} % {ep * etp} = {ranks % (ep * etp)})"
+        ),
+        suggestions=suggestions,
+    )
+
+
+def _nearest_other(value: int, ok: list[int]) -> list[int]:
+    """The valid values nearest below and above ``value``, ``value`` itself left out."""
+    below = [v for v in ok if v < value]
+    above = [v for v in ok if v > value]
+    return sorted({*below[-1:], *above[:1]})
+
+
+def ep_nvlink(p: Problem, mesh: Mesh) -> list[Violation]:
+    """With ``placement.nvlink: required``, an expert-parallel group (EP x ETP ranks: the tokens' all-to-all
+    of every MoE layer) sits inside one NVLink domain, as the TP group does (:func:`tp_nvlink`)."""
+    if not _on(p, mesh) or not p.nvlink_required:
+        return []
+    s = mesh.settings
+    etp = expert_tp(s)
+    group, dom = s.megatron_ep * etp, p.nvlink_domain
+    if group <= 1 or fits_nvlink_domain(group, dom):
+        return []
+    experts = p.shape.num_experts
+    ok = [
+        e
+        for e in arith.divisors(dom)
+        if fits_nvlink_domain(e * etp, dom) and (not experts or experts % e == 0)
+    ]
+    near = _nearest_other(s.megatron_ep, ok)
+    where = (
+        f"spans {-(-group // dom)} NVLink domains of {dom} GPUs"
+        if group > dom
+        else f"does not tile the NVLink domains of {dom} GPUs ({dom} % {group} = {dom % group})"
+    )
+    return [
+        Violation(
+            field=_field(p, "megatron_ep"),
+            rule="megatron-ep-nvlink",
+            message=(
+                f"the expert-parallel group of EP {s.megatron_ep} x ETP {etp} = {group} GPUs {where}, and "
+                "spec.placement.nvlink is required (the all-to-all of every MoE layer stays inside a domain)"
+            ),
+            suggestions=[
+                *([f"use EP {_or(near)}"] if near else []),
+                "or set spec.placement.nvlink: preferred",
+            ],
+        )
+    ]
 
 
 def tp_nvlink(p: Problem, mesh: Mesh) -> list[Violation]:
@@ -396,15 +450,72 @@ def dynamic_cp_vpp(p: Problem, mesh: Mesh) -> list[Violation]:
     ]
 
 
+#: Where a uniform recompute's chunk is pinned (an override of the actor's transformer config).
+RECOMPUTE_LAYERS_FIELD = (
+    "spec.overrides (actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers)"
+)
+
+
+def uniform_recompute_chunks(p: Problem, mesh: Mesh) -> list[Violation]:
+    """Uniform full recompute checkpoints chunks of ``recompute_num_layers`` layers from each (virtual) pipeline
+    stage's first layer, and the last chunk must end at the stage's last layer: megatron-core 0.14.0
+    ``transformer/transformer_block.py`` lines 431-441 call ``custom(layer_idx, layer_idx +
+    recompute_num_layers)`` while ``layer_idx < num_layers_per_pipeline_rank``, and ``custom`` indexes
+    ``self.layers[index]`` (lines 364-365, 380-385): a chunk that does not divide a stage's layers runs past the
+    stage (IndexError at the first step). Example: 28 layers on PP 4 are 7 per stage; chunks of 2 end at
+    layer 8: use recompute_num_layers 1 or 7, or PP 2 (14 per stage) or 7 (4)."""
+    o = p.megatron_options
+    if not _on(p, mesh) or o.recompute_granularity != "full" or o.recompute_method != "uniform":
+        return []
+    chunk = o.recompute_num_layers
+    if chunk is None or chunk < 1:
+        return []  # megatron_memory.check_recompute reports a missing one
+    s = mesh.settings
+    pp, vpp = s.megatron_pp, s.megatron_vpp or 1
+    split = o.split(p.shape.layers, pp, s.megatron_vpp) if o.uneven else None
+    stages = split if split is not None else (p.shape.layers // pp,) * pp
+    per_chunk = sorted({n // vpp for n in stages if n})
+    bad = [n for n in per_chunk if n % chunk]
+    if not bad:
+        return []
+    n = bad[0]
+    where = f"PP {pp} x VPP {vpp}" if vpp > 1 else f"PP {pp}"
+    fits = arith.divisors(math.gcd(*per_chunk))
+    near = sorted(set(arith.nearest(chunk, lambda c: c in fits, limit=max(per_chunk) + 1)))
+    others = [
+        q
+        for q in arith.divisors(p.shape.layers)
+        if q != pp and q <= 64 and (p.shape.layers // q) % (chunk * vpp) == 0
+    ][:3]
+    suggestions = [f"use recompute_num_layers {_or(near)}"] if near else []
+    if others and not o.uneven:
+        suggestions.append(f"or PP {_or(others)}")
+    return [
+        Violation(
+            field=RECOMPUTE_LAYERS_FIELD,
+            rule="megatron-recompute-chunks",
+            message=(
+                f"uniform recompute in chunks of recompute_num_layers {chunk} runs past a stage of {n} layers "
+                f"({where}; {n} % {chunk} = {n % chunk}): megatron-core's last chunk takes layers "
+                f"{n // chunk * chunk} to {n // chunk * chunk + chunk - 1} of a stage of layers 0 to {n - 1} "
+                "(IndexError at the first step)"
+            ),
+            suggestions=suggestions,
+        )
+    ]
+
+
 #: The Megatron rules, in the order their violations are reported.
 RULES: tuple[Rule, ...] = (
     world_divisible,
     heads_divisible,
     layers_divisible,
+    uniform_recompute_chunks,
     vpp_needs_pp,
     experts_divisible,
     expert_tp_sequence_parallel,
     tp_nvlink,
+    ep_nvlink,
     minimal_batch,
     megatron_dtype,
     dynamic_cp_vpp,
