@@ -12,6 +12,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "verl_operator.commands.plan",
     "verl_operator.commands.crd",
     "verl_operator.commands.render",
+    "verl_operator.commands.import_script",
     "verl_operator.commands.run",
 )
 
