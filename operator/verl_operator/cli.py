@@ -17,6 +17,10 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+#: The kubectl plugin's subcommands (``kubectl verl plan|import|status|logs|top``).
+KUBECTL_MODULES: tuple[str, ...] = ("verl_operator.commands.kubectl",)
+
+
 def command_parser(prog: str, description: str, modules: Sequence[str]) -> argparse.ArgumentParser:
     """A parser with one required subcommand per module of ``modules`` (each adds its own parser)."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
@@ -41,6 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run_command(build_parser(), argv)
+
+
+def build_kubectl_parser() -> argparse.ArgumentParser:
+    return command_parser(
+        "kubectl verl",
+        "verl jobs in the current kubeconfig context: plan, import a launch script, status, logs, top.",
+        KUBECTL_MODULES,
+    )
+
+
+def kubectl_main(argv: Sequence[str] | None = None) -> int:
+    """``kubectl-verl``: the kubectl plugin (kubectl finds it on PATH as ``kubectl verl``)."""
+    from verl_operator.commands.kubectl import call
+
+    return call(build_kubectl_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -197,6 +197,8 @@ def test_the_fully_async_script_keeps_its_module_and_config() -> None:
     assert "--config-name=fully_async_dapo_trainer.yaml" in spec["overrides"]
     assert spec["model"]["path"] == "/home/user/verl/shared/models/Qwen3-30B-A3B-Base"
     assert {"name": "VLLM_USE_V1", "value": "1"} in spec["env"]
+    assert spec["resources"] == {"gpus": 16, "gpusPerNode": 8}
+    assert any("rollout pool (rollout.nnodes=2 x rollout.n_gpus_per_node=8)" in w for w in imported.warnings)
     assert not any("${HOME}" in w for w in imported.warnings)
 
 

@@ -263,6 +263,7 @@ def _job(
         "gpusPerNode": per_node or VERL_DEFAULT_GPUS_PER_NODE,
     }
     moved.update(s for s, v in (("nnodes", nnodes), ("n_gpus_per_node", per_node)) if v is not None)
+    _rollout_pool(args.overrides, notes)
     if "model_path" not in moved:
         spec.setdefault("model", {})["path"] = "REPLACE-WITH-THE-MODEL"
         notes.warn("spec.model.path: the script sets no plain actor_rollout_ref.model.path")
@@ -301,6 +302,27 @@ def _count(last: Mapping[str, tuple[int, Any]], setting: str, shell: Shell, note
         f"set it with --set or edit spec.resources"
     )
     return None
+
+
+#: Where verl's asynchronous trainers size a rollout pool of its own (fully_async: ``rollout.*``; the v1
+#: trainer and one_step_off: ``actor_rollout_ref.rollout.*``).
+ROLLOUT_POOL_KEYS = (
+    ("rollout.nnodes", "rollout.n_gpus_per_node"),
+    ("actor_rollout_ref.rollout.nnodes", "actor_rollout_ref.rollout.n_gpus_per_node"),
+)
+
+
+def _rollout_pool(overrides: Sequence[str], notes: _Notes) -> None:
+    """A warning when the script sizes a rollout pool besides the trainer's: ``spec.resources.gpus`` counts
+    the trainer's GPUs only (the overrides keep the pool's keys)."""
+    last = {_key_of(o): o.split("=", 1)[1] for o in overrides if "=" in o}
+    for nodes_key, gpus_key in ROLLOUT_POOL_KEYS:
+        if nodes_key in last or gpus_key in last:
+            notes.warn(
+                f"the script sizes a rollout pool ({nodes_key}={last.get(nodes_key, '-')} x "
+                f"{gpus_key}={last.get(gpus_key, '-')}): spec.resources.gpus counts trainer.nnodes x "
+                "trainer.n_gpus_per_node only; add the pool's GPUs to it"
+            )
 
 
 def _config_options(args: launch.HydraArgs, notes: _Notes) -> list[str]:
