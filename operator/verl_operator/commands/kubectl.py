@@ -124,6 +124,8 @@ def _server_error(exc: Exception, what: str) -> PluginError:
             reason = json.loads(exc.body or "{}").get("reason") or reason
         except (ValueError, AttributeError):
             message = f"{what}: {reason}"
+        if what not in message:
+            message = f"{message} ({what})"
         return PluginError(f"Error from server ({reason}): {message}")
     return PluginError(f"error: {what}: {exc}")
 
