@@ -13,8 +13,13 @@ COMMAND_MODULES: tuple[str, ...] = (
     "verl_operator.commands.advise",
     "verl_operator.commands.crd",
     "verl_operator.commands.render",
+    "verl_operator.commands.import_script",
     "verl_operator.commands.run",
 )
+
+
+#: The kubectl plugin's subcommands (``kubectl verl plan|import|status|logs|top``).
+KUBECTL_MODULES: tuple[str, ...] = ("verl_operator.commands.kubectl",)
 
 
 def command_parser(prog: str, description: str, modules: Sequence[str]) -> argparse.ArgumentParser:
@@ -41,6 +46,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run_command(build_parser(), argv)
+
+
+def build_kubectl_parser() -> argparse.ArgumentParser:
+    return command_parser(
+        "kubectl verl",
+        "verl jobs in the current kubeconfig context: plan, import a launch script, status, logs, top.",
+        KUBECTL_MODULES,
+    )
+
+
+def kubectl_main(argv: Sequence[str] | None = None) -> int:
+    """``kubectl-verl``: the kubectl plugin (kubectl finds it on PATH as ``kubectl verl``)."""
+    from verl_operator.commands.kubectl import call
+
+    return call(build_kubectl_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

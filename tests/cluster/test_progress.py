@@ -127,8 +127,11 @@ def test_steps_reach_status_columns_and_metrics_then_a_hang_is_stalled(
         table = kubectl(["get", "verljobs", "-n", namespace]).stdout
         assert "STEP TIME" in table and "GEN %" in table and "3/300" in table and "11m34s" in table
         text = operator.metrics()
-        assert f'verl_operator_job_step{{job="steps",namespace="{namespace}"}} 3.0' in text
-        assert f'verl_operator_job_phase_seconds{{job="steps",namespace="{namespace}",phase="gen"}}' in text
+        assert f'verl_operator_job_step{{verljob="steps",verljob_namespace="{namespace}"}} 3.0' in text
+        assert (
+            f'verl_operator_job_phase_seconds{{phase="gen",verljob="steps",verljob_namespace="{namespace}"}}'
+            in text
+        )
 
         # verl stops printing: no new step within max(2 x 2.338 s, 30 s).
         def stalled() -> dict[str, Any] | None:
@@ -142,7 +145,10 @@ def test_steps_reach_status_columns_and_metrics_then_a_hang_is_stalled(
         assert status()["phase"] == "Running"  # action none: the job keeps its GPUs, the condition says why
         events = json.loads(kubectl(["get", "events", "-n", namespace, "-o", "json"]).stdout)["items"]
         assert any(e["reason"] == "Stalled" for e in events)
-        assert f'verl_operator_job_stalled{{job="steps",namespace="{namespace}"}} 1.0' in operator.metrics()
+        assert (
+            f'verl_operator_job_stalled{{verljob="steps",verljob_namespace="{namespace}"}} 1.0'
+            in operator.metrics()
+        )
     finally:
         verl.stop(5.0)
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "steps")

@@ -1,4 +1,4 @@
-"""The launch-script reader (``corpus/shell.py``, ``corpus/extract.py``) and the stored corpus rows.
+"""The launch-script reader (``verl_operator.scripts``, ``corpus/extract.py``) and the stored corpus rows.
 
 The reader runs nothing: these tables pin what bash would pass to ``main_ppo`` for the constructs verl's
 example scripts use.
@@ -15,7 +15,8 @@ import pytest
 CORPUS = Path(__file__).parent / "corpus"
 sys.path.insert(0, str(CORPUS))
 from extract import _split_args, invocations  # noqa: E402
-from shell import Unsupported  # noqa: E402
+
+from verl_operator.scripts.shell import Unsupported  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "verl-example-scripts.json"
 MAIN = "python3 -m verl.trainer.main_ppo"

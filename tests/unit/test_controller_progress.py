@@ -212,7 +212,7 @@ def test_per_job_metrics_are_set_and_removed() -> None:
     progress = run(doc(step=12, last_step_age=5, recent=(93.5,))).progress
     status = VerlJobStatus(phase="Running", progress=progress)
     metrics.set_job_progress("team", "m", status)
-    labels = {"namespace": "team", "job": "m"}
+    labels = {"verljob_namespace": "team", "verljob": "m"}
     assert REGISTRY.get_sample_value("verl_operator_job_step", labels) == 12
     assert REGISTRY.get_sample_value("verl_operator_job_phase_seconds", {**labels, "phase": "gen"}) == 46.75
     assert REGISTRY.get_sample_value("verl_operator_job_stalled", labels) == 0
@@ -307,7 +307,7 @@ def test_reconciler_writes_progress_from_the_head(head: tuple[ProgressTracker, i
     assert status.progress.phases["update_weights"] == pytest.approx(5.458, abs=1e-3)
     progressing = status.condition("Progressing")
     assert progressing is not None and (progressing.status, progressing.reason) == ("True", "Stepping")
-    labels = {"namespace": NS, "job": NAME}
+    labels = {"verljob_namespace": NS, "verljob": NAME}
     assert REGISTRY.get_sample_value("verl_operator_job_step", labels) == 1
     assert REGISTRY.get_sample_value("verl_operator_job_total_steps", labels) == 435
     writes = world.kube.writes.count(("patch_status", NAME))
@@ -336,7 +336,10 @@ def test_a_hung_verl_is_stalled_and_handled_per_its_action(
     if action == "none":
         stalled = status.condition("Stalled")
         assert stalled is not None and (stalled.status, stalled.reason) == ("True", "NoFirstStep")
-        assert REGISTRY.get_sample_value("verl_operator_job_stalled", {"namespace": NS, "job": NAME}) == 1
+        assert (
+            REGISTRY.get_sample_value("verl_operator_job_stalled", {"verljob_namespace": NS, "verljob": NAME})
+            == 1
+        )
     else:
         assert "verl has logged no step after 360" in (status.message or "")
     reasons = {"none": "Stalled", "restart": "Restarting", "fail": "NoFirstStep"}

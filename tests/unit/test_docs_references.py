@@ -1,8 +1,8 @@
 """Every repository path, make target and CLI command that README.md and docs/*.md name exists.
 
 Run by `make lint` (and with the unit tier). Paths are read from backtick spans and link targets that look
-like repository paths; `make X` against the Makefile's targets; `verl-operator X` and `verl-operator-dev X Y`
-against the two argparse parsers.
+like repository paths; `make X` against the Makefile's targets; `verl-operator X`, `kubectl verl X` and
+`verl-operator-dev X Y` against the argparse parsers.
 """
 
 from __future__ import annotations
@@ -99,6 +99,10 @@ def _missing_commands(doc: Path) -> list[str]:
     for name in re.findall(_COMMAND_START + r"verl-operator ([a-z][\w-]*)", code):
         if name not in product:
             missing.append(f"verl-operator {name}")
+    plugin = _subcommands(cli.build_kubectl_parser())
+    for name in re.findall(_COMMAND_START + r"(?:kubectl verl|kubectl-verl) ([a-z][\w-]*)", code):
+        if name not in plugin:
+            missing.append(f"kubectl verl {name}")
     for name, sub in re.findall(_COMMAND_START + r"verl-operator-dev ([a-z][\w-]*)(?: ([a-z][\w-]*))?", code):
         if name not in tooling:
             missing.append(f"verl-operator-dev {name}")
@@ -121,11 +125,13 @@ def test_the_check_sees_a_stale_reference(tmp_path: Path) -> None:
     doc = tmp_path / "stale.md"
     doc.write_text(
         "See `operator/verl_operator/devcluster/cluster.py` and [x](verl-constraints.md).\n"
-        "```bash\nmake nothing-here\nverl-operator devcluster up\nverl-operator-dev devcluster sideways\n```\n"
+        "```bash\nmake nothing-here\nverl-operator devcluster up\nverl-operator-dev devcluster sideways\n"
+        "kubectl verl describe j\n```\n"
     )
     assert _missing_paths(doc) == ["operator/verl_operator/devcluster/cluster.py", "verl-constraints.md"]
     assert _missing_commands(doc) == [
         "make nothing-here",
         "verl-operator devcluster",
+        "kubectl verl describe",
         "verl-operator-dev devcluster sideways",
     ]

@@ -80,6 +80,7 @@ def test_the_product_wheel_holds_no_tooling(product_wheel: dict[str, str]) -> No
     )
     (entry_points,) = [text for n, text in product_wheel.items() if n.endswith(".dist-info/entry_points.txt")]
     assert "verl-operator = verl_operator.cli:main" in entry_points
+    assert "kubectl-verl = verl_operator.cli:kubectl_main" in entry_points
     assert "verl-operator-dev" not in entry_points
 
 

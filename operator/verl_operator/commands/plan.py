@@ -157,14 +157,28 @@ def live_nodes(kubeconfig: str) -> list[dict[str, Any]]:
     Raises:
         InputError: the kubeconfig cannot be loaded or the API server cannot be reached.
     """
-    from kubernetes import client, config  # the planner itself never imports the Kubernetes client
+    from kubernetes import config  # the planner itself never imports the Kubernetes client
 
     try:
         api_client: Any = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    except Exception as exc:  # a missing or bad kubeconfig
+        raise InputError(f"cannot list nodes with {kubeconfig}: {exc}") from exc
+    return list_nodes(api_client, kubeconfig)
+
+
+def list_nodes(api_client: Any, source: str) -> list[dict[str, Any]]:
+    """The nodes an API client sees, as camelCase dicts (``source`` names the cluster in errors).
+
+    Raises:
+        InputError: the API server cannot be reached or refuses the list.
+    """
+    from kubernetes import client
+
+    try:
         listed = client.CoreV1Api(api_client).list_node()
         data = api_client.sanitize_for_serialization(listed)  # camelCase, as kubectl prints it
-    except Exception as exc:  # kubeconfig, TLS and HTTP errors all mean "cannot read the nodes"
-        raise InputError(f"cannot list nodes with {kubeconfig}: {exc}") from exc
+    except Exception as exc:  # TLS and HTTP errors all mean "cannot read the nodes"
+        raise InputError(f"cannot list nodes with {source}: {exc}") from exc
     items = data.get("items") or []
     return [i for i in items if isinstance(i, dict)]
 

@@ -60,7 +60,9 @@ def set_job_phases(phases: Iterable[str | None]) -> None:
 
 
 # -- per-job progress (status.progress of Running jobs; removed when the job stops running or goes) ---------
-_JOB = ["namespace", "job"]
+#: The VerlJob's namespace and name: not ``namespace`` and ``job``, which Prometheus sets on every scraped series
+#: (the scrape job, and the ServiceMonitor's target namespace) and would rename to ``exported_*``.
+_JOB = ["verljob_namespace", "verljob"]
 JOB_STEP = Gauge("verl_operator_job_step", "The last step verl logged.", _JOB)
 JOB_TOTAL_STEPS = Gauge("verl_operator_job_total_steps", "verl's total training steps.", _JOB)
 JOB_STEP_SECONDS = Gauge("verl_operator_job_step_seconds", "The last step's time (timing_s/step).", _JOB)

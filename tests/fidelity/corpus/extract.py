@@ -1,7 +1,7 @@
 """Regenerate ``tests/fidelity/data/verl-example-scripts.json`` from verl's public repository.
 
 Reads every ``examples/**/*.sh`` of the given refs of a verl git directory (``git show``, no checkout), finds
-each ``python3 -m verl.trainer.main_ppo`` command, and records the argv that Python would receive (``shell.py``
+each ``python3 -m verl.trainer.main_ppo`` command, and records the argv that Python would receive (``verl_operator.scripts``
 reads the bash; nothing is executed), with the script's own variable defaults and an environment of only
 ``HOME`` and ``PWD``. Each command is one row; the rows that use FSDP and vLLM form the corpus, the others are
 listed with the reason they are left out.
@@ -18,44 +18,21 @@ Usage (``git`` must be on PATH)::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-from shell import ASSIGNMENT, Command, Field, Shell, Unsupported, commands, is_unsupported_keyword
+from verl_operator.scripts import launch
+from verl_operator.scripts.launch import Invocation
+from verl_operator.scripts.shell import Field, Shell, Unsupported
 
 MODULE = "verl.trainer.main_ppo"
 #: The environment a script sees besides its own variables (anything else is unset).
 ENVIRONMENT = {"HOME": "/home/user", "PWD": "/workspace"}
 ARR = "actor_rollout_ref"
-#: Hydra's command-line options that select the config, with the row field they fill.
-HYDRA_OPTIONS = (
-    ("--config-name", "config_name"),
-    ("-cn", "config_name"),
-    ("--config-path", "config_path"),
-    ("-cp", "config_path"),
-)
-
-
-@dataclasses.dataclass
-class Invocation:
-    """One ``main_ppo`` command after expansion."""
-
-    line: int
-    args: list[Field]
-
-
-@dataclasses.dataclass
-class _Frame:
-    taken: bool
-    active: bool
-    parent: bool
 
 
 def _git(git_dir: str, *args: str) -> str:
@@ -64,128 +41,26 @@ def _git(git_dir: str, *args: str) -> str:
     ).stdout
 
 
-def _main_ppo_args(fields: list[Field]) -> list[Field] | None:
-    """The arguments after ``python -m verl.trainer.main_ppo`` in an expanded command, or None."""
-    texts = [f.text for f in fields]
-    for k in range(len(texts) - 2):
-        if os.path.basename(texts[k]).startswith("python") and texts[k + 1 : k + 3] == ["-m", MODULE]:
-            return fields[k + 3 :]
-    return None
-
-
-class _Runner:
-    """Walks a script's commands, tracking variables and ``if`` branches."""
-
-    def __init__(self) -> None:
-        self.shell = Shell(ENVIRONMENT)
-        self.stack: list[_Frame] = []
-        self.found: list[Invocation] = []
-
-    @property
-    def active(self) -> bool:
-        return all(frame.active for frame in self.stack)
-
-    def _branch(self, words: tuple[str, ...]) -> tuple[str, ...]:
-        """Handle ``if``/``elif``/``else``/``fi``/``then``; return the words left to run (maybe none)."""
-        head = words[0]
-        if head == "then":
-            return words[1:]
-        if head == "if":
-            parent = self.active
-            value = parent and self.shell.test(words[1:])
-            self.stack.append(_Frame(taken=value, active=value, parent=parent))
-            return ()
-        if not self.stack and head in ("elif", "else", "fi"):
-            raise Unsupported(f"{head} without if")
-        if head == "elif":
-            frame = self.stack[-1]
-            value = frame.parent and not frame.taken and self.shell.test(words[1:])
-            frame.active, frame.taken = value, frame.taken or value
-            return ()
-        if head == "else":
-            frame = self.stack[-1]
-            frame.active = frame.parent and not frame.taken
-            return words[1:]
-        if head == "fi":
-            self.stack.pop()
-            return ()
-        return words
-
-    def run(self, command: Command) -> bool:
-        """Run one command; False when the script ends here (``exit``)."""
-        words = self._branch(command.words)
-        if not words or not self.active:
-            return True
-        if is_unsupported_keyword(words[0]) or words[0] in ("source", "."):
-            raise Unsupported(f"line {command.line}: {words[0]}")
-        if words[0] == "exit":
-            return False
-        if words[0] in ("export", "declare", "local", "readonly"):
-            for word in words[1:]:
-                self.shell.assign(word)
-            return True
-        if words[0] == "unset":
-            for name in words[1:]:
-                self.shell.vars.pop(name, None)
-            return True
-        rest = list(words)
-        if all(_is_assignment(w) for w in rest):
-            for word in rest:
-                self.shell.assign(word)
-            return True
-        while rest and _is_assignment(rest[0]):  # VAR=x cmd: VAR is for cmd only
-            rest.pop(0)
-        args = _main_ppo_args(self.shell.expand_all(tuple(rest)))
-        if args is not None:
-            self.found.append(Invocation(command.line, args))
-        return True
-
-
-def _is_assignment(word: str) -> bool:
-    return bool(ASSIGNMENT.match(word))
-
-
 def invocations(text: str) -> list[Invocation]:
-    """Every ``main_ppo`` command of a script, expanded.
+    """Every ``main_ppo`` command of a script, expanded as bash would run it without arguments.
 
     Raises:
         Unsupported: the script uses shell syntax the reader does not evaluate.
     """
-    runner = _Runner()
-    for command in commands(text):
-        if not runner.run(command):
-            break
-    if runner.stack:
-        raise Unsupported("if without fi")
-    return runner.found
+    return [i for i in launch.invocations(text, Shell(ENVIRONMENT)) if i.module == MODULE]
 
 
 def _split_args(args: list[Field]) -> dict[str, Any]:
-    """Hydra's command line: ``--config-name``/``--config-path`` options, then overrides."""
-    out: dict[str, Any] = {"config_name": None, "config_path": None, "options": [], "overrides": []}
-    out["dropped"], out["unset_in_kept"] = [], []
-    i = 0
-    while i < len(args):
-        text = args[i].text
-        for flag, key in HYDRA_OPTIONS:
-            if text == flag and i + 1 < len(args):
-                out[key] = args[i + 1].text
-                i += 1
-                break
-            if text.startswith(flag + "="):
-                out[key] = text.split("=", 1)[1]
-                break
-        else:
-            if text.startswith("-"):
-                out["options"].append(text)
-            elif "=" in text and text.split("=", 1)[1] == "" and args[i].unset:
-                out["dropped"].append({"override": text, "unset": list(args[i].unset)})
-            else:
-                out["overrides"].append(text)
-                if args[i].unset:
-                    out["unset_in_kept"].append({"override": text, "unset": list(args[i].unset)})
-        i += 1
-    return out
+    """Hydra's command line (``launch.hydra_args``) as the row's fields."""
+    split = launch.hydra_args(args)
+    return {
+        "config_name": split.config_name,
+        "config_path": split.config_path,
+        "options": split.options,
+        "overrides": split.overrides,
+        "dropped": [{"override": o, "unset": list(u)} for o, u in split.dropped],
+        "unset_in_kept": [{"override": o, "unset": list(u)} for o, u in split.unset_in_kept],
+    }
 
 
 def _last(overrides: list[str], key: str) -> str | None:

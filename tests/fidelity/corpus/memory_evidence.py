@@ -7,7 +7,7 @@ Two sources in verl's repository, read at one ref with ``git show`` (nothing is 
 - some of those scripts record the binary search that found their batch size in a comment
   (``nproc_per_gpu=58 # 32<check> → 64<cross> → 48<check> ...``): each tried value is a fit (check mark)
   or did not fit (cross). The row's
-  overrides are the script read with that value (``shell.py``), so every batch setting derived from it moves.
+  overrides are the script read with that value (``verl_operator.scripts.shell``), so every batch setting derived from it moves.
 
 ``--table-rows`` instead prints (CSV, no header, for appending) the rows of ``docs/perf/dpsk.md``'s Qwen3-235B-A22B
 table read with the script revision the table was published with (``TABLE_COMMIT``): that revision recomputes

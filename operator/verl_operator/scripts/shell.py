@@ -1,16 +1,25 @@
-"""A small reader for the bash that verl's example launch scripts are written in (parsed, never run).
+"""A small reader for the bash that verl's launch scripts are written in (parsed, never run).
 
 It reads what ``bash script.sh`` would hand to ``python3 -m verl.trainer.main_ppo`` as ``sys.argv``: variable
 assignments (``x=1``, ``export x=1``, ``x=${x:-1}``), parameter expansion (``$x``, ``${x}``, ``${x:-d}``,
 ``${x-d}``, ``${x:=d}``, ``${x//a/b}``, ``${x/a/b}``), integer arithmetic ``$((...))``, single and double
-quotes, backslash escapes, line continuations, comments, word splitting of unquoted expansions, and
-``if``/``elif``/``else``/``fi`` on ``[ a = b ]`` / ``[[ a == b ]]`` / ``-z`` / ``-n`` tests. ``$@`` and ``$*``
-(the script's own arguments) expand to nothing, as when a script runs without arguments.
+quotes, backslash escapes, line continuations, comments, arrays (``A=(...)``, ``A+=(...)``, ``"${A[@]}"``),
+here-strings (``<<< word``, input only: skipped), word splitting of unquoted expansions, and
+``if``/``elif``/``else``/``fi`` on ``[ a = b ]`` / ``[[ a == b ]]`` / ``-z`` / ``-n`` tests.
 
-An unset variable expands to the empty string (as in bash) and is recorded, so the caller can drop the
-``key=`` override it produced. A command substitution ``$(...)`` is not run: it is treated like an unset
-variable. Anything else (loops, ``case``, functions, here-documents) raises ``Unsupported``: the caller
-reports the script as not readable rather than guessing.
+Two readings of what the script does not define (the environment, its arguments ``$1``/``$@``, a command
+substitution ``$(...)``, which is never run):
+
+- ``Shell(env)`` (verl's corpus, ``tests/fidelity``): as bash with no arguments: an unset variable expands to
+  the empty string and is recorded, so the caller can drop the ``key=`` override it produced; ``$@`` and
+  ``$*`` expand to nothing.
+- ``Shell(env, placeholders=True)`` (``verl-operator import``): an unset variable stays a named placeholder
+  ``${NAME}`` (``${1}`` for an argument, ``${@}`` for all of them, the text ``$(...)`` of a substitution, and
+  ``$((...))`` when arithmetic uses one), so the reader of the result sees what the script left open;
+  :func:`placeholders` lists them.
+
+Anything else (loops, ``case``, functions, here-documents) raises ``Unsupported``: the caller reports the
+script as not readable rather than guessing.
 """
 
 from __future__ import annotations
@@ -26,6 +35,24 @@ _POSITIONAL = re.compile(r"[0-9]+")
 _ARRAY_ALL = re.compile(r'^("?)\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}\1$')
 ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
 _UNSUPPORTED = ("for", "while", "until", "case", "function", "select")
+#: A placeholder left by ``Shell(placeholders=True)``: ``${NAME}``, ``${1}``, ``${@}``, ``$(...)``,
+#: ``$((...))``. Hydra's own interpolations (``${data.x}``, ``${oc.env:X}``) hold a dot or colon: not matched.
+_PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*])\}|\$\((\(.*?\)|[^()]*)\)")
+
+
+#: Blanks inside a placeholder, hidden from field splitting (private-use characters) and restored after.
+_KEEP = {" ": "\ue000", "\t": "\ue001", "\n": "\ue002"}
+_RESTORE = str.maketrans({v: k for k, v in _KEEP.items()})
+
+
+def placeholders(text: str) -> list[str]:
+    """The placeholders in an expanded word, in order, each once (``${NAME}`` -> ``NAME``, ``$(cmd)`` whole)."""
+    found: list[str] = []
+    for match in _PLACEHOLDER.finditer(text):
+        name = match.group(1) or match.group(0)
+        if name not in found:
+            found.append(name)
+    return found
 
 
 class Unsupported(ValueError):
@@ -124,13 +151,25 @@ def commands(text: str) -> Iterator[Command]:
     start = 1
     i = 0
 
+    skip_word = False
+
     def flush_word() -> None:
+        nonlocal skip_word
         if word:
-            words.append("".join(word))
+            if not skip_word:
+                words.append("".join(word))
+            skip_word = False
             word.clear()
 
     while i < len(text):
         ch = text[i]
+        if text[i : i + 3] == "<<<":  # a here-string: the command's input, not an argument
+            flush_word()
+            i += 3
+            while i < len(text) and text[i] in " \t":
+                i += 1
+            skip_word = True
+            continue
         if ch in "<>" or text[i : i + 2] == "&>":
             if ch == "<" and text[i : i + 2] == "<<":
                 raise Unsupported(f"line {line}: here-document")
@@ -242,23 +281,38 @@ def _arith(expr: str) -> int:
 class Shell:
     """Variables and the expansion of words against them."""
 
-    def __init__(self, environment: dict[str, str]) -> None:
+    def __init__(self, environment: dict[str, str], placeholders: bool = False) -> None:
         self.vars: dict[str, str] = dict(environment)
         self.arrays: dict[str, list[str]] = {}
+        #: Leave what the script does not define as a named placeholder instead of the empty string.
+        self.placeholders = placeholders
+        #: ``${NAME:-default}`` (and ``-``, ``:=``, ``=``) that took their default, by name.
+        self.defaulted: dict[str, str] = {}
+        #: The names the script exports (``export NAME[=value]``), in order.
+        self.exported: list[str] = []
+
+    def exported_values(self) -> dict[str, str]:
+        """The exported variables that are set, with their values."""
+        return {name: self.vars[name] for name in self.exported if name in self.vars}
 
     # -- expansion --------------------------------------------------------------------------------
     def _param(self, body: str, unset: list[str]) -> str:
         """``${body}``: a name with an optional ``:-``, ``-``, ``:=``, ``=``, ``//``, ``/`` operation."""
         if body in ("@", "*", "#"):
+            if self.placeholders and body != "#":
+                unset.append(body)
+                return f"${{{body}}}"
             return "0" if body == "#" else ""
         match = _NAME.match(body) or _POSITIONAL.match(body)
         if not match:
             raise Unsupported(f"parameter expansion ${{{body}}}")
         name, rest = match.group(), body[match.end() :]
-        value = None if name[0].isdigit() else self.vars.get(name)  # no script arguments
+        value = self.vars.get(name)  # the script's arguments: none, unless given (``--set 1=vllm``)
         if not rest:
             if not value:  # unset, or set from an unset variable (NNODES=${SLURM_JOB_NUM_NODES})
                 unset.append(name)
+                if self.placeholders and value is None:
+                    return f"${{{name}}}"
             return value or ""
         for op in (":-", ":=", "-", "="):
             if rest.startswith(op):
@@ -267,6 +321,7 @@ class Shell:
                 if not empty:
                     return value or ""
                 text = "".join(f.text for f in self._expand_chunks(default, unset, quoted=False))
+                self.defaulted.setdefault(name, text)
                 if "=" in op:
                     self.vars[name] = text
                 return text
@@ -277,7 +332,7 @@ class Shell:
                 raise Unsupported(f"pattern substitution ${{{body}}}")
             if value is None:
                 unset.append(name)
-                return ""
+                return f"${{{name}}}" if self.placeholders else ""
             return value.replace(pattern, replacement) if every else value.replace(pattern, replacement, 1)
         raise Unsupported(f"parameter expansion ${{{body}}}")
 
@@ -287,13 +342,18 @@ class Shell:
         if text.startswith("$((", i):
             end = _skip_braced(text, i + 1, "(", ")")
             inner = text[i + 3 : end - 2]
+            before = len(unset)
             expanded = "".join(f.text for f in self._expand_chunks(inner, unset, quoted=True))
+            bare = [n for n in _NAME.findall(expanded) if n not in self.vars]
+            if self.placeholders and (len(unset) > before or bare):
+                unset.extend(bare)
+                return text[i:end], end  # arithmetic on a placeholder: left as written
             expanded = _NAME.sub(lambda m: self.vars.get(m.group(), "0") or "0", expanded)
             return str(_arith(expanded)), end
         if nxt == "(":
             end = _skip_braced(text, i + 1, "(", ")")
             unset.append(f"$({text[i + 2 : end - 1]})")
-            return "", end
+            return (text[i:end] if self.placeholders else ""), end
         if nxt == "{":
             end = _skip_braced(text, i + 1, "{", "}")
             return self._param(text[i + 2 : end - 1], unset), end
@@ -335,8 +395,10 @@ class Shell:
                 chunks.extend(inner or [Field("")])
                 i = end + 1
             elif ch == "$":
+                start = i
                 value, i = self._dollar(text, i, unset)
-                chunks.append(Field(value, () if quoted else ("split",)))
+                as_written = self.placeholders and value == text[start:i]  # a placeholder: never split
+                chunks.append(Field(value, () if quoted or as_written else ("split",)))
             elif ch == "`":
                 raise Unsupported("backquote command substitution")
             else:
@@ -344,10 +406,18 @@ class Shell:
                 i += 1
         return chunks
 
+    def _split(self, text: str) -> list[str]:
+        """Field splitting on blanks; with placeholders, a placeholder's own blanks (``$(basename $M)``) stay."""
+        if not self.placeholders:
+            return re.split(r"[ \t\n]+", text)
+        kept = _PLACEHOLDER.sub(lambda m: re.sub(r"[ \t\n]", lambda b: _KEEP[b.group()], m.group()), text)
+        parts = re.split(r"[ \t\n]+", kept)
+        return [p.translate(_RESTORE) for p in parts]
+
     def expand(self, word: str) -> list[Field]:
         """Expand one word into fields (unquoted expansions are split on whitespace; an empty one vanishes)."""
-        if word in ('"$@"', '"${@}"', '"$*"'):
-            return []  # the script's own arguments: none
+        if word in ('"$@"', '"${@}"', '"$*"'):  # the script's own arguments: none, or their placeholder
+            return [Field("${@}", ("@",))] if self.placeholders else []
         array = _ARRAY_ALL.match(word)
         if array:
             if array.group(2) not in self.arrays:
@@ -368,7 +438,7 @@ class Shell:
                 current.append(chunk.text)
                 has_literal = True
                 continue
-            parts = re.split(r"[ \t\n]+", chunk.text)
+            parts = self._split(chunk.text)
             for index, part in enumerate(parts):
                 if index > 0 and ("".join(current) or has_literal):
                     fields.append("".join(current))
@@ -382,6 +452,14 @@ class Shell:
         """Expand every word of a command."""
         return [field for word in words for field in self.expand(word)]
 
+    def assignment(self, word: str) -> tuple[str, str] | None:
+        """``(NAME, value)`` of a scalar assignment word, expanded but not applied (``VAR=x cmd``), or None."""
+        match = ASSIGNMENT.match(word)
+        if not match or word[match.end() :].startswith("("):
+            return None
+        value = "".join(f.text for f in self._expand_chunks(word[match.end() :], [], quoted=False))
+        return match.group(1), value
+
     def assign(self, word: str) -> bool:
         """Apply ``NAME=value`` (or ``NAME+=value``); False when ``word`` is not an assignment."""
         match = ASSIGNMENT.match(word)
@@ -390,6 +468,8 @@ class Shell:
         name, raw = match.group(1), word[match.end() :]
         if raw.startswith("(") and raw.endswith(")"):  # NAME=(a b c): an array
             elements = [f.text for c in commands(raw[1:-1]) for f in self.expand_all(c.words)]
+            if match.group(2):  # NAME+=(d e): appended
+                elements = self.arrays.get(name, []) + elements
             self.arrays[name] = elements
             self.vars[name] = elements[0] if elements else ""
             return True
