@@ -33,6 +33,12 @@ CLUSTER_READY_SECONDS = 600
 WORKER_JOIN_SECONDS = 600
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: A dotted Python module name (``verl.trainer.main_ppo``): what ``python3 -m`` runs. The VerlJob's
+#: ``spec.verl.entrypoint`` has the same pattern (one definition, the API models import it).
+MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+_MODULE = re.compile(MODULE_PATTERN)
+#: verl's PPO trainer, the module a job runs unless its spec names another.
+DEFAULT_MODULE = "verl.trainer.main_ppo"
 # Hydra override grammar, the part that matters here: `key=value`, `+key=value`, `++key=value`, `~key`.
 _OVERRIDE = re.compile(r"^(\+{1,2}|~)?[A-Za-z_][\w.\-/@]*(=.*)?$", re.DOTALL)
 
@@ -106,7 +112,8 @@ class LaunchSpec(_Part):
     nnodes: int = Field(ge=1)
     gpus_per_node: int = Field(ge=1)
     head: HeadAddress
-    #: verl's command, run as an argv list; ``overrides`` are appended in order.
+    #: verl's command, run as an argv list; ``overrides`` are appended in order. The module after ``-m``
+    #: (``spec.verl.entrypoint``, e.g. ``python3 -m verl.trainer.main_ppo``) is a dotted Python module name.
     entrypoint: tuple[str, ...] = Field(min_length=1)
     overrides: tuple[str, ...] = ()
     #: Environment for Ray and verl; never replaces a variable already set in the pod.
@@ -121,6 +128,11 @@ class LaunchSpec(_Part):
         for index, item in enumerate(value):
             if not item or "\x00" in item:
                 raise ValueError(f"item {index} is empty or holds a NUL byte")
+            if index > 0 and value[index - 1] == "-m" and not _MODULE.match(item):
+                raise ValueError(
+                    f"item {index} {item!r} after -m is not a dotted Python module name "
+                    "(letters, digits and underscores, separated by dots: verl.trainer.main_ppo)"
+                )
         return value
 
     @field_validator("overrides")
@@ -144,6 +156,12 @@ class LaunchSpec(_Part):
             if "\x00" in text:
                 raise ValueError(f"the value of {name} holds a NUL byte")
         return value
+
+    @property
+    def module(self) -> str | None:
+        """The Python module ``entrypoint`` runs (the item after ``-m``), or None for another command."""
+        items = self.entrypoint
+        return next((items[i + 1] for i in range(len(items) - 1) if items[i] == "-m"), None)
 
     @property
     def total_gpus(self) -> int:

@@ -40,6 +40,18 @@ def spec(**sections: Any) -> dict[str, Any]:
         pytest.param(spec(resources={"gpus": 0}), None, "spec.resources.gpus", id="schema-field-named"),
         pytest.param(spec(rollout={"tp": 2}), None, "spec.rollout.tp", id="unknown-field"),
         pytest.param(
+            spec(verl={"image": "i", "entrypoint": "verl.trainer.main_ppo; rm -rf /"}),
+            None,
+            "spec.verl.entrypoint",
+            id="entrypoint-not-a-module",
+        ),
+        pytest.param(
+            spec(verl={"image": "i", "entrypoint": "recipe.one_step_off_policy.main_ppo"}),
+            None,
+            None,
+            id="entrypoint-another-module",
+        ),
+        pytest.param(
             spec(resources={"gpus": 64, "gpusPerNode": 8}), None, "spec.resources", id="too-few-nodes"
         ),
         pytest.param(spec(resources={"gpus": 64}), spec(resources={"gpus": 64}), None, id="unchanged-update"),

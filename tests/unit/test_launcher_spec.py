@@ -59,6 +59,22 @@ def test_contract_example_parses() -> None:
     assert unknown_fields(spec) == []
 
 
+@pytest.mark.parametrize(
+    ("entrypoint", "module"),
+    [
+        pytest.param(["python3", "-m", "verl.trainer.main_ppo"], "verl.trainer.main_ppo", id="main-ppo"),
+        pytest.param(
+            ["python3", "-m", "recipe.one_step_off_policy.main_ppo", "--config-name=x"],
+            "recipe.one_step_off_policy.main_ppo",
+            id="recipe-with-config",
+        ),
+        pytest.param(["python3", "fake_verl.py"], None, id="a-script"),
+    ],
+)
+def test_the_module_is_the_item_after_dash_m(entrypoint: list[str], module: str | None) -> None:
+    assert parse_launch_spec(with_change("entrypoint", entrypoint)).module == module
+
+
 def test_nullable_fields() -> None:
     doc = with_change(
         "expect", {"gpuProduct": None, "gpuMemoryMiB": None, "requireNvlink": False, "nvlinkGroupSize": 1}
@@ -79,6 +95,10 @@ def test_nullable_fields() -> None:
         pytest.param("head.host", "", "`head.host`", id="head-host-empty"),
         pytest.param("head", KeyError, "`head`", id="head-missing"),
         pytest.param("entrypoint", [], "`entrypoint`", id="entrypoint-empty"),
+        pytest.param(
+            "entrypoint", ["python3", "-m", "verl;rm -rf /"], "`entrypoint`", id="module-not-dotted"
+        ),
+        pytest.param("entrypoint", ["python3", "-m", "verl..main"], "`entrypoint`", id="module-empty-part"),
         pytest.param("overrides", ["trainer.nnodes"], "`overrides`", id="override-without-equals"),
         pytest.param("overrides", ["a=1", "; rm -rf /"], "`overrides`", id="override-not-hydra"),
         pytest.param("env", {"BAD-NAME": "x"}, "`env`", id="env-name"),

@@ -78,3 +78,35 @@ def test_the_operator_cannot_write_what_the_launcher_would_refuse() -> None:
         build_launch_spec(JOB, SPEC, _plan(nnodes=0))
     with pytest.raises(ValueError, match="overrides"):
         build_launch_spec(JOB, SPEC, _plan(overrides=("not an override",)))
+
+
+@pytest.mark.parametrize(
+    ("spec_verl", "engine", "argv_head"),
+    [
+        pytest.param({}, "fsdp", ["python3", "-m", "verl.trainer.main_ppo"], id="default-module"),
+        pytest.param(
+            {"entrypoint": "verl.experimental.fully_async_policy.fully_async_main"},
+            "fsdp",
+            ["python3", "-m", "verl.experimental.fully_async_policy.fully_async_main"],
+            id="spec-module",
+        ),
+        pytest.param(
+            {"entrypoint": "recipe.one_step_off_policy.main_ppo"},
+            "megatron",
+            ["python3", "-m", "recipe.one_step_off_policy.main_ppo", "--config-name=ppo_megatron_trainer"],
+            id="spec-module-megatron",
+        ),
+    ],
+)
+def test_the_launcher_runs_the_spec_entrypoint(
+    spec_verl: dict[str, Any], engine: str, argv_head: list[str]
+) -> None:
+    from verl_launcher.verl import build_argv
+
+    spec = SPEC.model_copy(update={"verl": SPEC.verl.model_copy(update=spec_verl)})
+    plan = _plan(training_engine=engine, module=spec.verl.entrypoint)
+    parsed = parse_launch_spec(json.loads(build_launch_spec(JOB, spec, plan).to_json()))
+    argv = build_argv(parsed, attempt=0)
+    assert argv[: len(argv_head)] == argv_head
+    assert argv[len(argv_head) : len(argv_head) + 3] == list(plan.overrides)
+    assert parsed.module == spec.verl.entrypoint

@@ -53,6 +53,8 @@ MAX_PATH = 4_096
 MAX_DATA_PATH = 1_024
 #: A container image reference (registries limit the repository name to 255; a digest adds 72).
 MAX_IMAGE = 1_024
+#: A dotted Python module name (``spec.verl.entrypoint``); real ones are under 100 characters.
+MAX_MODULE = 256
 #: A Kubernetes name (DNS subdomain) or label key with prefix.
 MAX_NAME = 253
 #: A label value.

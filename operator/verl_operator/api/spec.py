@@ -23,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from verl_contract.launch_spec import DEFAULT_MODULE, MODULE_PATTERN
 from verl_operator.api import limits as L
 from verl_operator.api.base import ApiModel
 from verl_operator.api.quantity import Bounds, QuantityError, bounded_quantity
@@ -123,6 +124,17 @@ class VerlSpec(ApiModel):
             "copies a self-contained launcher into the pod, which runs it with the image's python3 (any verl "
             "image works). image: the image has verl-launcher on PATH. With an operator that has no "
             "--launcher-image (run outside the cluster), inject behaves as image."
+        ),
+    )
+    entrypoint: str = Field(
+        default=DEFAULT_MODULE,
+        min_length=1,
+        max_length=L.MAX_MODULE,
+        pattern=MODULE_PATTERN,
+        description=(
+            "The Python module verl runs (python3 -m <entrypoint>, an argv item, never a shell word): "
+            "verl.trainer.main_ppo, or another trainer's main module such as "
+            "verl.experimental.fully_async_policy.fully_async_main. A dotted module name."
         ),
     )
 

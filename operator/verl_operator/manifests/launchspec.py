@@ -9,6 +9,7 @@ from typing import Any
 
 from verl_contract.launch_spec import (
     API_VERSION,
+    DEFAULT_MODULE,
     KIND,
     RAY_DASHBOARD_PORT,
     RAY_GCS_PORT,
@@ -29,16 +30,19 @@ RAY_CLIENT_PORT = 10001
 LAUNCHER_IN_OPERATOR_IMAGE = "/opt/verl-operator/share/verl-launcher.pyz"
 LAUNCHER_DIR = "/opt/verl-launcher"
 LAUNCHER_PYZ = f"{LAUNCHER_DIR}/verl-launcher.pyz"
-ENTRYPOINT = ("python3", "-m", "verl.trainer.main_ppo")
+#: The interpreter verl runs with (the image's ``python3``) and ``-m``: the module follows.
+PYTHON_MODULE = ("python3", "-m")
 #: verl's Hydra config of the Megatron engine (the FSDP jobs use main_ppo's default, ppo_trainer).
 MEGATRON_CONFIG_NAME = "ppo_megatron_trainer"
 
 
-def entrypoint(training_engine: str) -> tuple[str, ...]:
-    """verl's command: ``ENTRYPOINT``, with ``--config-name=ppo_megatron_trainer`` for the Megatron engine."""
+def entrypoint(training_engine: str, module: str = DEFAULT_MODULE) -> tuple[str, ...]:
+    """verl's command: ``python3 -m <module>`` (``spec.verl.entrypoint``), with
+    ``--config-name=ppo_megatron_trainer`` for the Megatron engine."""
+    command = (*PYTHON_MODULE, module)
     if training_engine == "megatron":
-        return (*ENTRYPOINT, f"--config-name={MEGATRON_CONFIG_NAME}")
-    return ENTRYPOINT
+        return (*command, f"--config-name={MEGATRON_CONFIG_NAME}")
+    return command
 
 
 #: Pod network interface of a standard Kubernetes pod; NCCL and Gloo otherwise may pick a wrong one
@@ -86,6 +90,8 @@ class LaunchPlan:
     training_engine: str = "fsdp"
     #: The rollout engine (``Plan.rollout.name``): ``vllm``, ``sglang`` or ``trtllm``.
     rollout_engine: str = "vllm"
+    #: The Python module verl runs (``spec.verl.entrypoint``).
+    module: str = DEFAULT_MODULE
 
     @classmethod
     def from_plan(
@@ -113,6 +119,7 @@ class LaunchPlan:
             launcher_image=launcher_image,
             training_engine=plan.training.engine if plan.training is not None else "fsdp",
             rollout_engine=plan.rollout.name,
+            module=spec.verl.entrypoint,
         )
 
     @property
@@ -166,7 +173,7 @@ def build_launch_spec(job: Mapping[str, Any], spec: VerlJobSpec, plan: LaunchPla
         head=HeadAddress(
             host=ChildNames(name, namespace).head_host, port=RAY_GCS_PORT, dashboard_port=RAY_DASHBOARD_PORT
         ),
-        entrypoint=entrypoint(plan.training_engine),
+        entrypoint=entrypoint(plan.training_engine, plan.module),
         overrides=plan.overrides,
         env=dict(DEFAULT_NETWORK_ENV),
         expect=Expect(
