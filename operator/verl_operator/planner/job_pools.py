@@ -1,0 +1,223 @@
+"""Planning a job in its trainer mode: one pool (the colocated planner alone) or a trainer pool and a rollout
+pool (the colocated planner on the trainer pool's GPUs, the rollout pool's replicas, the mode's rules)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from verl_operator.api.plan import Plan, PlanResult, PoolPlan, PoolsPlan, Violation
+from verl_operator.api.spec import VerlJobSpec
+from verl_operator.planner import catalog, rules_async, split_model
+from verl_operator.planner.facts import NodeFacts, node_facts
+from verl_operator.planner.overrides import OverrideError as _OverrideError
+from verl_operator.planner.overrides import parse_override
+from verl_operator.planner.pools import (
+    ARR,
+    MAIN_PPO,
+    ModeInputs,
+    Split,
+    pinned_split,
+    pool_overrides,
+    read_mode,
+    recipe_overrides,
+    trainer_spec,
+)
+
+#: At most this many splits are planned when the spec leaves the split open (nearest the model's first).
+MAX_SPLITS = 6
+
+PlanOne = Callable[[VerlJobSpec, Sequence[Mapping[str, Any] | NodeFacts]], PlanResult]
+
+
+def _infeasible(violations: list[Violation], warnings: Sequence[str] = ()) -> PlanResult:
+    return PlanResult(feasible=False, violations=violations, warnings=list(warnings), plan=None)
+
+
+def plan_modes(
+    spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any] | NodeFacts], plan_one: PlanOne
+) -> PlanResult:
+    """Plan ``spec`` in its trainer mode with ``plan_one`` (the colocated planner).
+
+    Algorithm:
+        1. Read the mode (``pools.read_mode``); verl's colocated trainer plans as before.
+        2. Two pools: check the mode's rules on the keys (``rules_async.before_plan``); take the pinned split,
+           else the splits nearest the throughput model's balance (``split_model``), in whole nodes.
+        3. For each split: plan the trainer pool on its GPUs, then the rollout pool's replicas; the first
+           split that plans wins.
+        Example: GRPO Qwen2.5-7B on 16 H100, separate_async, trainer.nnodes=1, rollout nnodes 1 -> trainer
+        pool 1 x 8, rollout pool 1 x 8 (8 replicas of TP 1), 2 nodes.
+    """
+    inputs, violations, warnings = read_mode(spec)
+    removed = rules_async.removed_keys(spec.verl.version, _keys(spec))
+    if violations:
+        return _infeasible(violations + removed, warnings)
+    if not inputs.two_pools:
+        result = _with_removed(plan_one(spec, nodes), removed)
+        if result.plan is not None and (inputs.mode != "sync" or inputs.entrypoint != MAIN_PPO):
+            result = result.model_copy(update={"plan": _single(result.plan, inputs)})
+        return _warned(result, warnings)
+    if removed:
+        return _infeasible(removed, warnings)
+    before = rules_async.before_plan(spec.verl.version, inputs)
+    if before.violations:
+        return _infeasible(before.violations, warnings)
+    facts = [n if isinstance(n, NodeFacts) else node_facts(n) for n in nodes]
+    node_gpus = max((f.gpus for f in facts), default=0) or spec.resources.gpus
+    split, vs = pinned_split(spec, inputs, node_gpus)
+    if vs:
+        return _infeasible(vs, warnings)
+    fraction = _fraction(spec, inputs)
+    splits = [split] if split is not None else _open_splits(spec, fraction, node_gpus)
+    if not splits:
+        return _infeasible(
+            [
+                Violation(
+                    field="spec.resources.gpus",
+                    rule="pools-agree",
+                    message=f"{spec.resources.gpus} GPU cannot hold a trainer pool and a rollout pool",
+                    suggestions=["use 2 or more GPUs"],
+                )
+            ],
+            warnings,
+        )
+    first: PlanResult | None = None
+    for candidate in splits[:MAX_SPLITS]:
+        result = _plan_split(spec, facts, inputs, before, candidate, node_gpus, plan_one)
+        if result.plan is not None:
+            pools = result.plan.pools
+            assert pools is not None
+            update = {"split": "pinned" if split is not None else "model", "model_rollout_fraction": fraction}
+            plan = result.plan.model_copy(update={"pools": pools.model_copy(update=update)})
+            return _warned(result.model_copy(update={"plan": plan}), warnings)
+        first = first or result
+    assert first is not None
+    return _warned(first, warnings)
+
+
+def _plan_split(
+    spec: VerlJobSpec,
+    facts: Sequence[NodeFacts],
+    inputs: ModeInputs,
+    before: rules_async.Before,
+    split: Split,
+    node_gpus: int,
+    plan_one: PlanOne,
+) -> PlanResult:
+    """The trainer pool planned on ``split``'s trainer GPUs, then the rollout pool."""
+    tspec = trainer_spec(spec, inputs, split, before.extra, before.drop_keys)
+    result = plan_one(tspec, facts)
+    if result.plan is None:
+        return result
+    plan = result.plan
+    dp = _int(inputs, f"{ARR}.rollout.data_parallel_size") or 1
+    rollout, vs, ws = rules_async.rollout_pool(
+        spec.verl.version, inputs, split, plan.rollout.tensor_parallel_size, dp
+    )
+    if vs or rollout is None:
+        return _infeasible(vs, result.warnings)
+    overrides = [_replaced(o, before.replace) for o in plan.overrides]
+    overrides += pool_overrides(inputs, split) + before.emit + recipe_overrides(spec, inputs)
+    pools = PoolsPlan(
+        mode=inputs.mode,
+        entrypoint=inputs.entrypoint,
+        trainer=PoolPlan(
+            gpus=split.trainer_gpus,
+            nnodes=plan.nnodes,
+            gpus_per_node=plan.gpus_per_node,
+            mesh=_trainer_mesh(plan),
+        ),
+        rollout=rollout,
+        nodes=split.nodes(node_gpus),
+        shared_nodes=split.shared(node_gpus),
+        split="pinned",
+        invariants=before.invariants,
+    )
+    plan = plan.model_copy(update={"pools": pools, "overrides": overrides})
+    return result.model_copy(update={"plan": plan, "warnings": [*result.warnings, *ws]})
+
+
+def _trainer_mesh(plan: Plan) -> str:
+    t = plan.training
+    if t is not None and t.engine == "megatron":
+        return f"tp{t.tensor_parallel_size} pp{t.pipeline_parallel_size} cp{t.context_parallel_size} dp{t.data_parallel_size}"
+    return f"dp{plan.data_parallel_size} sp{plan.sequence_parallel_size}"
+
+
+def _single(plan: Plan, inputs: ModeInputs) -> Plan:
+    """A one-pool mode's pools: the trainer's GPUs hold the rollout too."""
+    pools = PoolsPlan(
+        mode=inputs.mode,
+        entrypoint=inputs.entrypoint,
+        trainer=PoolPlan(
+            gpus=plan.world_size,
+            nnodes=plan.nnodes,
+            gpus_per_node=plan.gpus_per_node,
+            mesh=_trainer_mesh(plan),
+        ),
+        nodes=plan.nnodes,
+        split="single",
+    )
+    return plan.model_copy(update={"pools": pools})
+
+
+def _fraction(spec: VerlJobSpec, inputs: ModeInputs) -> float:
+    """The throughput model's rollout share for the job's model and lengths."""
+    prompt = _int(inputs, "data.max_prompt_length") or spec.data.max_prompt_length
+    response = _int(inputs, "data.max_response_length") or spec.data.max_response_length
+    prompt = spec.data.mean_prompt_length or prompt
+    response = spec.data.mean_response_length or response
+    total = active = 1.0
+    if spec.model.shape is not None:
+        total, active = catalog.count_params(spec.model.shape)
+    elif (entry := catalog.lookup(spec.model.path)) is not None:
+        total, active = entry.params_total, entry.params_active
+    return round(split_model.rollout_fraction(inputs.mode, prompt, response, total, active), 4)
+
+
+def _open_splits(spec: VerlJobSpec, fraction: float, node_gpus: int) -> list[Split]:
+    """Splits in whole nodes (``spec.resources.gpusPerNode``, else the largest node's GPUs); a job of one node
+    splits the node's GPUs (both pools on it)."""
+    gpus = spec.resources.gpus
+    unit = spec.resources.gpus_per_node or min(node_gpus, gpus)
+    if gpus // unit >= 2 and gpus % unit == 0:
+        return [
+            Split(t // unit, unit, (gpus - t) // unit, unit)
+            for t in split_model.candidates(gpus, unit, fraction)
+        ]
+    return [Split(1, t, 1, gpus - t) for t in split_model.candidates(gpus, 1, fraction)]
+
+
+def _int(inputs: ModeInputs, key: str) -> int | None:
+    return inputs.get(key)
+
+
+def _keys(spec: VerlJobSpec) -> list[tuple[str, str]]:
+    out = []
+    for i, raw in enumerate(spec.overrides):
+        try:
+            ov = parse_override(raw, i)
+        except _OverrideError:
+            continue
+        out.append((ov.key, ov.source))
+    return out
+
+
+def _replaced(override: str, values: Mapping[str, str]) -> str:
+    key = override.split("=", 1)[0]
+    return f"{key}={values[key]}" if key in values else override
+
+
+def _with_removed(result: PlanResult, removed: list[Violation]) -> PlanResult:
+    """A removed key's own message in place of the generic unknown-key one."""
+    if not removed:
+        return result
+    fields = {v.field for v in removed}
+    kept = [v for v in result.violations if not (v.field in fields and v.rule == "override-unknown-key")]
+    return result.model_copy(update={"feasible": False, "plan": None, "violations": [*kept, *removed]})
+
+
+def _warned(result: PlanResult, warnings: Sequence[str]) -> PlanResult:
+    if not warnings:
+        return result
+    return result.model_copy(update={"warnings": [*warnings, *result.warnings]})

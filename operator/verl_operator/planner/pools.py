@@ -1,0 +1,456 @@
+"""verl's trainer modes and their GPU pools: which mode a job runs, and how its GPUs split into a trainer pool
+and a standalone rollout pool.
+
+``spec.resources.gpus`` is all of a job's GPUs. verl's colocated trainer (0.6's ``main_ppo``, 0.9's v1
+``sync`` and ``colocate_async`` modes) runs on one pool of them. Three modes run two pools, each a Ray resource
+pool of ``nnodes x n_gpus_per_node``:
+
+- v1 ``separate_async`` (0.9, ``verl.trainer.main_ppo`` with ``trainer.v1.trainer_mode=separate_async``):
+  the trainer pool is ``trainer.nnodes x trainer.n_gpus_per_node`` (it also hosts hybrid rollout replicas),
+  the standalone rollout pool ``actor_rollout_ref.rollout.nnodes x actor_rollout_ref.rollout.n_gpus_per_node``
+  (0.9.1 ``trainer/config/rollout/rollout.yaml`` lines 10-14; ``trainer_separate_async.py`` lines 64-67).
+- ``fully_async`` and ``one_step_off`` (their own entry points: ``verl.experimental.*`` in 0.9,
+  ``recipe.*`` in 0.6): the trainer pool as above, the rollout pool the top-level ``rollout.nnodes x
+  rollout.n_gpus_per_node`` (0.6.1 ``recipe/fully_async_policy/fully_async_main.py`` lines 48-66,
+  ``recipe/one_step_off_policy/main_ppo.py`` lines 143-149; 0.9.1 copies them into
+  ``actor_rollout_ref.rollout``: ``fully_async_main.py`` lines 235-236, ``one_step_off_policy/main_ppo.py``
+  lines 121-122).
+
+The trainer pool is planned by the colocated planner on its own GPUs (``job.plan_job``); this module reads the
+mode and the pool keys, picks the split when the spec leaves it open (``split_model``), rewrites the spec
+for the trainer pool and assembles both pools into the plan.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from verl_operator.api.plan import PoolsPlan, TrainerMode, Violation
+from verl_operator.api.spec import VerlJobSpec
+from verl_operator.planner.overrides import Override, parse_override
+from verl_operator.planner.overrides import OverrideError as _OverrideError
+
+ARR = "actor_rollout_ref"
+MAIN_PPO = "verl.trainer.main_ppo"
+
+#: The entry points of each release line and the mode each runs (None: the mode comes from the keys).
+ENTRYPOINTS: dict[str, dict[str, TrainerMode | None]] = {
+    "0.9": {
+        MAIN_PPO: None,
+        "verl.experimental.fully_async_policy.fully_async_main": "fully_async",
+        "verl.experimental.one_step_off_policy.main_ppo": "one_step_off",
+    },
+    "0.6": {
+        MAIN_PPO: None,
+        "recipe.fully_async_policy.fully_async_main": "fully_async",
+        "recipe.one_step_off_policy.main_ppo": "one_step_off",
+    },
+}
+#: v1 trainer modes (0.9.1 ``trainer/config/ppo_trainer.yaml`` ``trainer.v1.trainer_mode``, default sync;
+#: ``trainer/main_ppo.py`` line 141 ``get_trainer_cls``).
+V1_MODES: tuple[TrainerMode, ...] = ("sync", "colocate_async", "separate_async")
+TWO_POOLS: frozenset[str] = frozenset({"separate_async", "fully_async", "one_step_off"})
+RECIPES: frozenset[str] = frozenset({"fully_async", "one_step_off"})
+
+#: The rollout pool's keys per mode.
+ROLLOUT_POOL_KEYS = {
+    "separate_async": (f"{ARR}.rollout.nnodes", f"{ARR}.rollout.n_gpus_per_node"),
+    "fully_async": ("rollout.nnodes", "rollout.n_gpus_per_node"),
+    "one_step_off": ("rollout.nnodes", "rollout.n_gpus_per_node"),
+}
+TRAINER_POOL_KEYS = ("trainer.nnodes", "trainer.n_gpus_per_node")
+#: Sections of the recipes' own configs (``fully_async_ppo_trainer.yaml``, ``one_step_off_ppo_trainer.yaml``)
+#: that verl's ``ppo_trainer`` does not have: read here, passed to verl as written.
+RECIPE_SECTIONS = ("rollout.", "async_training.")
+#: The recipes' Hydra configs (``--config-name``); the Megatron ones plan as ``ppo_megatron_trainer``.
+RECIPE_CONFIGS = {
+    "fully_async_ppo_trainer": "",
+    "fully_async_ppo_megatron_trainer": "ppo_megatron_trainer",
+    "one_step_off_ppo_trainer": "",
+    "one_step_off_ppo_megatron_trainer": "ppo_megatron_trainer",
+}
+_CONFIG_ARG = re.compile(r"^\s*(?P<flag>--config-name|-cn|--config-path|-cp)(?:=|\s+)(?P<value>\S+)\s*$")
+
+#: Defaults of the keys read here when unset (0.9.1 / 0.6.1 configs named in each use).
+DEFAULTS: dict[str, int | bool | str] = {
+    "trainer.v1.separate_async.parameter_sync_step": 4,  # ppo_trainer.yaml trainer.v1.separate_async
+    "async_training.require_batches": 1,  # fully_async_ppo_trainer.yaml
+    "async_training.trigger_parameter_sync_step": 4,
+    f"{ARR}.actor.ppo_mini_batch_size": 256,  # actor.yaml
+    f"{ARR}.rollout.checkpoint_engine.backend": "naive",  # rollout.yaml line 282
+}
+
+
+@dataclass(frozen=True)
+class Int:
+    """An integer read from the overrides, with where it came from."""
+
+    value: int
+    source: str
+
+
+@dataclass(frozen=True)
+class ModeInputs:
+    """The trainer mode of a job and the keys it reads.
+
+    Attributes:
+        mode: The trainer mode.
+        entrypoint: ``spec.verl.entrypoint``.
+        ints: Integer keys given in the overrides (last one wins), by key.
+        texts: Other scalar keys given, as written (booleans lower-case), by key.
+        recipe_indices: Override positions of the recipes' own sections and config arguments (planned here,
+            passed to verl as written; the trainer pool's plan does not see them).
+        megatron_config: A recipe's Megatron config was named (``--config-name ..._megatron_trainer``).
+    """
+
+    mode: TrainerMode
+    entrypoint: str
+    ints: dict[str, Int] = field(default_factory=dict)
+    texts: dict[str, tuple[str, str]] = field(default_factory=dict)
+    recipe_indices: tuple[int, ...] = ()
+    megatron_config: bool = False
+
+    @property
+    def two_pools(self) -> bool:
+        """The mode runs a trainer pool and a standalone rollout pool."""
+        return self.mode in TWO_POOLS
+
+    def get(self, key: str) -> int | None:
+        """An integer key's value, None when unset."""
+        pin = self.ints.get(key)
+        return pin.value if pin is not None else None
+
+    def get_or_default(self, key: str) -> int:
+        """An integer key's value, else verl's default."""
+        value = self.get(key)
+        return value if value is not None else int(DEFAULTS[key])
+
+    def text(self, key: str) -> str | None:
+        """A key's value as written (booleans lower-case), None when unset."""
+        pin = self.texts.get(key)
+        return pin[0] if pin is not None else None
+
+    def source(self, key: str, default: str = "spec.overrides") -> str:
+        """How a violation names the key."""
+        if key in self.ints:
+            return self.ints[key].source
+        if key in self.texts:
+            return self.texts[key][1]
+        return f"{default} ({key})"
+
+
+def _parse(raws: Sequence[str]) -> list[Override]:
+    """The overrides that parse (the colocated planner reports the rest), the last of each key kept."""
+    out: dict[str, Override] = {}
+    for i, raw in enumerate(raws):
+        try:
+            ov = parse_override(raw, i)
+        except _OverrideError:
+            continue
+        out.pop(ov.key, None)
+        out[ov.key] = ov
+    return list(out.values())
+
+
+def read_mode(spec: VerlJobSpec) -> tuple[ModeInputs, list[Violation], list[str]]:
+    """The trainer mode: ``spec.verl.entrypoint``, then (on ``verl.trainer.main_ppo``) ``trainer.use_v1`` and
+    ``trainer.v1.trainer_mode``.
+
+    An entry point of the other release line is a violation (0.9 moved the recipes to ``verl.experimental``);
+    a module of neither table (a plugin's trainer) plans as ``main_ppo``.
+
+    Returns:
+        ``(inputs, violations, warnings)``.
+    """
+    version, module = spec.verl.version, spec.verl.entrypoint
+    violations: list[Violation] = []
+    warnings: list[str] = []
+    parsed = _parse(spec.overrides)
+    ints: dict[str, Int] = {}
+    texts: dict[str, tuple[str, str]] = {}
+    for ov in parsed:
+        if ov.prefix == "~" or ov.value is None:
+            continue
+        if isinstance(ov.value, bool):
+            texts[ov.key] = (str(ov.value).lower(), ov.source)
+        elif isinstance(ov.value, int):
+            ints[ov.key] = Int(ov.value, ov.source)
+        elif isinstance(ov.value, str | float):
+            texts[ov.key] = (str(ov.value), ov.source)
+    for key, value, source in (
+        ("data.train_batch_size", spec.data.train_batch_size, "spec.data.trainBatchSize"),
+        (
+            f"{ARR}.actor.ppo_mini_batch_size",
+            spec.batching.ppo_mini_batch_size,
+            "spec.batching.ppoMiniBatchSize",
+        ),
+    ):
+        if value is not None and key not in ints:
+            ints[key] = Int(value, source)
+    table = ENTRYPOINTS.get(version, {})
+    mode: TrainerMode = "sync"
+    if module in table and table[module] is not None:
+        mode = table[module] or "sync"
+    elif module not in table:
+        other = next((line for line, mods in ENTRYPOINTS.items() if line != version and module in mods), None)
+        if other is not None:
+            kind = ENTRYPOINTS[other][module]
+            same = next((m for m, k in table.items() if k == kind), MAIN_PPO)
+            violations.append(
+                Violation(
+                    field="spec.verl.entrypoint",
+                    rule="entrypoint-release",
+                    message=(
+                        f"{module} is verl {other}'s entry point; verl {version} runs this trainer as {same}"
+                        + (" (0.9 moved the recipes to verl.experimental)" if version == "0.9" else "")
+                    ),
+                    suggestions=[f"set spec.verl.entrypoint: {same}", f"or spec.verl.version: {other}"],
+                ),
+            )
+    v1_mode = texts.get("trainer.v1.trainer_mode")
+    use_v1 = texts.get("trainer.use_v1")
+    if table.get(module) is None and version == "0.9":
+        if v1_mode is not None:
+            if v1_mode[0] not in V1_MODES:
+                violations.append(
+                    Violation(
+                        field=v1_mode[1],
+                        rule="trainer-mode",
+                        message=f"trainer.v1.trainer_mode {v1_mode[0]!r} is not one of verl 0.9's v1 modes",
+                        suggestions=[f"use {' or '.join(V1_MODES)}"],
+                    )
+                )
+            elif use_v1 is not None and use_v1[0] == "false":
+                warnings.append(
+                    f"{v1_mode[1]} is ignored: trainer.use_v1=false runs the legacy colocated trainer "
+                    "(0.9.1 trainer/main_ppo.py line 183)"
+                )
+            else:
+                mode = next(m for m in V1_MODES if m == v1_mode[0])
+    elif v1_mode is not None and mode in RECIPES:
+        warnings.append(f"{v1_mode[1]} is ignored: {module} runs its own {mode} trainer")
+    recipe_indices: list[int] = []
+    megatron_config = False
+    if mode in RECIPES:
+        for ov in parsed:
+            if ov.key.startswith(RECIPE_SECTIONS):
+                recipe_indices.append(ov.index)
+        for i, raw in enumerate(spec.overrides):
+            match = _CONFIG_ARG.match(raw)
+            if match is None:
+                continue
+            config = str(match.group("value")).removesuffix(".yaml")
+            if match.group("flag") in ("--config-path", "-cp"):
+                recipe_indices.append(i)
+            elif config in RECIPE_CONFIGS:
+                recipe_indices.append(i)
+                megatron_config = megatron_config or bool(RECIPE_CONFIGS[config])
+    return (
+        ModeInputs(
+            mode=mode,
+            entrypoint=module,
+            ints=ints,
+            texts=texts,
+            recipe_indices=tuple(sorted(set(recipe_indices))),
+            megatron_config=megatron_config,
+        ),
+        violations,
+        warnings,
+    )
+
+
+@dataclass(frozen=True)
+class Split:
+    """Both pools' sizes: ``trainer_nnodes x trainer_gpn + rollout_nnodes x rollout_gpn`` GPUs."""
+
+    trainer_nnodes: int
+    trainer_gpn: int
+    rollout_nnodes: int
+    rollout_gpn: int
+
+    @property
+    def trainer_gpus(self) -> int:
+        """GPUs of the trainer pool."""
+        return self.trainer_nnodes * self.trainer_gpn
+
+    @property
+    def rollout_gpus(self) -> int:
+        """GPUs of the rollout pool."""
+        return self.rollout_nnodes * self.rollout_gpn
+
+    def shared(self, node_gpus: int) -> bool:
+        """Both pools fit the same nodes: as many nodes each, their GPUs per node together on one node (verl's
+        one_step_off README, "resource-constrained scenario": ``trainer.nnodes = rollout.nnodes``)."""
+        return self.trainer_nnodes == self.rollout_nnodes and self.trainer_gpn + self.rollout_gpn <= node_gpus
+
+    def nodes(self, node_gpus: int) -> int:
+        """The job's nodes: max(trainer, rollout) when both fit a node, else their sum."""
+        if self.shared(node_gpus):
+            return max(self.trainer_nnodes, self.rollout_nnodes)
+        return self.trainer_nnodes + self.rollout_nnodes
+
+
+def pinned_split(
+    spec: VerlJobSpec, inputs: ModeInputs, node_gpus: int
+) -> tuple[Split | None, list[Violation]]:
+    """The split the spec pins (any pool key set), or None when it leaves the split open.
+
+    Unset keys are filled so the pools add up to ``spec.resources.gpus``: the GPUs per node from the other
+    pool, ``spec.resources.gpusPerNode`` or, with both node counts set, ``gpus / (trainer.nnodes +
+    rollout nnodes)``; a missing node count from the GPUs left. Example: 16 GPUs, ``trainer.nnodes=1``,
+    ``actor_rollout_ref.rollout.nnodes=1`` -> 1 x 8 + 1 x 8.
+
+    Args:
+        spec: The job spec.
+        inputs: The mode and its keys.
+        node_gpus: GPUs of the largest eligible node (the GPUs per node when nothing else says).
+    """
+    r_nn_key, r_gpn_key = ROLLOUT_POOL_KEYS[inputs.mode]
+    t_nn, t_gpn = inputs.get("trainer.nnodes"), inputs.get("trainer.n_gpus_per_node")
+    r_nn, r_gpn = inputs.get(r_nn_key), inputs.get(r_gpn_key)
+    if t_nn is None and t_gpn is None and r_nn is None and r_gpn is None:
+        return None, []
+    gpus = spec.resources.gpus
+    for key in (*TRAINER_POOL_KEYS, r_gpn_key):
+        value = inputs.get(key)
+        if value is not None and value < 1:
+            return None, [
+                Violation(
+                    field=inputs.source(key),
+                    rule="pool-size",
+                    message=f"{key} {value}: a pool needs at least 1 (verl asserts > 0)",
+                    suggestions=[f"set {key} to 1 or more"],
+                )
+            ]
+    if r_nn is not None and r_nn < 1:
+        return None, [
+            Violation(
+                field=inputs.source(r_nn_key),
+                rule="pool-size",
+                message=(
+                    f"{r_nn_key} {r_nn}: {inputs.mode} needs a standalone rollout pool (verl asserts nnodes > 0)"
+                ),
+                suggestions=[f"set {r_nn_key} to 1 or more", "or run trainer.v1.trainer_mode=colocate_async"],
+            )
+        ]
+    g = t_gpn or r_gpn or spec.resources.gpus_per_node
+    if g is None and t_nn is not None and r_nn is not None:
+        if gpus % (t_nn + r_nn):
+            return None, [
+                Violation(
+                    field="spec.resources.gpus",
+                    rule="pools-agree",
+                    message=(
+                        f"spec.resources.gpus {gpus} does not split over trainer.nnodes {t_nn} + {r_nn_key} "
+                        f"{r_nn} = {t_nn + r_nn} nodes of equal GPUs"
+                    ),
+                    suggestions=[
+                        f"set spec.resources.gpus to a multiple of {t_nn + r_nn}",
+                        "or set trainer.n_gpus_per_node and " + r_gpn_key,
+                    ],
+                )
+            ]
+        g = gpus // (t_nn + r_nn)
+    g = g or min(node_gpus, gpus)
+    tg, rg = t_gpn or g, r_gpn or g
+    if t_nn is None:
+        rest = gpus - (r_nn or 1) * rg
+        t_nn = rest // tg if rest > 0 and rest % tg == 0 else max(1, rest // tg)
+    if r_nn is None:
+        rest = gpus - t_nn * tg
+        r_nn = rest // rg if rest > 0 and rest % rg == 0 else max(1, rest // rg)
+    split = Split(t_nn, tg, r_nn, rg)
+    total = split.trainer_gpus + split.rollout_gpus
+    if total != gpus:
+        want = gpus - split.trainer_gpus
+        near = [v for v in ((want // rg), -(-want // rg)) if v >= 1] if want > 0 else []
+        return None, [
+            Violation(
+                field="spec.resources.gpus",
+                rule="pools-agree",
+                message=(
+                    f"trainer pool trainer.nnodes {t_nn} x n_gpus_per_node {tg} = {split.trainer_gpus} + rollout "
+                    f"pool {r_nn_key} {r_nn} x {r_gpn_key.rsplit('.', 1)[-1]} {rg} = {split.rollout_gpus} "
+                    f"= {total} != spec.resources.gpus {gpus} (the job's GPUs are both pools')"
+                ),
+                suggestions=[f"set spec.resources.gpus: {total}"]
+                + [f"or {r_nn_key}={v}" for v in sorted(set(near)) if split.trainer_gpus + v * rg == gpus],
+            )
+        ]
+    return split, []
+
+
+def pool_overrides(inputs: ModeInputs, split: Split) -> list[str]:
+    """The pool keys verl reads for the mode, set to the split (the trainer's come with the trainer plan)."""
+    r_nn_key, r_gpn_key = ROLLOUT_POOL_KEYS[inputs.mode]
+    return [f"{r_nn_key}={split.rollout_nnodes}", f"{r_gpn_key}={split.rollout_gpn}"]
+
+
+def trainer_spec(
+    spec: VerlJobSpec,
+    inputs: ModeInputs,
+    split: Split,
+    extra: Sequence[str],
+    drop_keys: frozenset[str] = frozenset(),
+) -> VerlJobSpec:
+    """The spec the colocated planner plans the trainer pool from: the trainer pool's GPUs, without the
+    rollout pool's keys, the recipes' own sections and ``drop_keys``, with ``extra`` overrides appended."""
+    drop = set(inputs.recipe_indices)
+    r_keys = set(ROLLOUT_POOL_KEYS[inputs.mode]) | {f"{ARR}.rollout.nnodes", f"{ARR}.rollout.n_gpus_per_node"}
+    r_keys |= drop_keys
+    kept: list[str] = []
+    for i, raw in enumerate(spec.overrides):
+        if i in drop:
+            continue
+        try:
+            key = parse_override(raw, i).key
+        except _OverrideError:
+            kept.append(raw)
+            continue
+        if key in r_keys:
+            continue
+        kept.append(raw)
+    if inputs.megatron_config:
+        kept.append("--config-name=ppo_megatron_trainer")
+    resources = spec.resources.model_copy(
+        update={"gpus": split.trainer_gpus, "gpus_per_node": split.trainer_gpn}
+    )
+    update: dict[str, object] = {"resources": resources, "overrides": [*kept, *extra]}
+    if "data.train_batch_size" in drop_keys:
+        update["data"] = spec.data.model_copy(update={"train_batch_size": None})
+    if f"{ARR}.actor.ppo_mini_batch_size" in drop_keys:
+        update["batching"] = spec.batching.model_copy(update={"ppo_mini_batch_size": None})
+    return spec.model_copy(update=update)
+
+
+def recipe_overrides(spec: VerlJobSpec, inputs: ModeInputs) -> list[str]:
+    """The recipes' own sections as the user wrote them (their pool keys excepted: the plan sets those)."""
+    r_keys = set(ROLLOUT_POOL_KEYS[inputs.mode])
+    out = []
+    for i in inputs.recipe_indices:
+        raw = spec.overrides[i]
+        if _CONFIG_ARG.match(raw):
+            continue
+        if parse_override(raw, i).key not in r_keys:
+            out.append(raw)
+    return out
+
+
+def pools_plan_fields(inputs: ModeInputs) -> dict[str, str]:
+    """Members of :class:`PoolsPlan` that depend only on the mode."""
+    return {"mode": inputs.mode, "entrypoint": inputs.entrypoint}
+
+
+__all__ = [
+    "ENTRYPOINTS",
+    "ModeInputs",
+    "PoolsPlan",
+    "Split",
+    "pinned_split",
+    "pool_overrides",
+    "read_mode",
+    "recipe_overrides",
+    "trainer_spec",
+]
