@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ def plan(
     entrypoint: str = "verl.trainer.main_ppo",
     version: str = "0.9",
     nodes: int = 4,
+    node_gpus: int = 8,
     **sections: Any,
 ) -> PlanResult:
     spec = make_spec(
@@ -33,7 +35,7 @@ def plan(
         overrides=overrides,
         **sections,
     )
-    return plan_job(spec, make_nodes(nodes))
+    return plan_job(spec, make_nodes(nodes, node_gpus))
 
 
 @pytest.mark.parametrize(
@@ -296,7 +298,8 @@ def test_separate_async_suggests_the_nearest_batch_sizes() -> None:
     ],
 )
 def test_rollout_pool_not_a_multiple_of_tp(version: str, entrypoint: str, feasible: bool) -> None:
-    """A rollout pool of 6 GPUs with rollout TP 4: one replica, 2 GPUs left over."""
+    """A rollout pool of 6 GPUs with rollout TP 4: one replica, 2 GPUs left over (both pools on one 16-GPU
+    node)."""
     result = plan(
         [
             "trainer.nnodes=1",
@@ -309,6 +312,7 @@ def test_rollout_pool_not_a_multiple_of_tp(version: str, entrypoint: str, feasib
         gpus=14,
         entrypoint=entrypoint,
         version=version,
+        node_gpus=16,
     )
     assert result.feasible is feasible, result.violations
     if feasible:
@@ -319,6 +323,11 @@ def test_rollout_pool_not_a_multiple_of_tp(version: str, entrypoint: str, feasib
         )
         assert (result.plan.pools.rollout.replicas, result.plan.pools.rollout.idle_gpus) == (1, 2)
         assert any("2 GPUs stay idle" in w for w in result.warnings)
+        assert (result.plan.nnodes, result.plan.gpus_per_node, result.plan.pools.shared_nodes) == (
+            1,
+            14,
+            True,
+        )
     else:
         (v,) = [v for v in result.violations if v.rule == "rollout-pool"]
         assert "6 % 4 = 2" in v.message and "use rollout TP 3" in v.suggestions
@@ -370,3 +379,106 @@ def test_the_same_spec_gives_the_same_pools() -> None:
     first = plan(SEP)
     second = plan(SEP)
     assert first == second
+
+
+def test_both_pools_are_one_gang_of_pods() -> None:
+    """The job's pods hold both pools (placement, the pods, Kueue and launch.json read plan.nnodes)."""
+    result = plan([*SEP, "trainer.nnodes=1", "actor_rollout_ref.rollout.nnodes=1"])
+    assert result.plan is not None
+    assert (result.plan.nnodes, result.plan.gpus_per_node, len(result.plan.nodes)) == (2, 8, 2)
+
+
+def test_pools_of_two_pod_sizes_are_refused() -> None:
+    result = plan(
+        ["trainer.nnodes=1", "trainer.n_gpus_per_node=8", "rollout.nnodes=2", "rollout.n_gpus_per_node=4"],
+        entrypoint=OSO09,
+    )
+    (v,) = [v for v in result.violations if v.rule == "pools-layout"]
+    assert "8 GPUs per node and the rollout pool's 4" in v.message
+    assert v.suggestions[0] == "give both pools 8 GPUs per node"
+
+
+@pytest.mark.parametrize(
+    ("module", "engine", "want"),
+    [
+        pytest.param(
+            "verl.trainer.main_ppo", "megatron", "--config-name=ppo_megatron_trainer", id="main-ppo"
+        ),
+        pytest.param(FA09, "megatron", "--config-name=fully_async_ppo_megatron_trainer", id="fully-async-09"),
+        pytest.param(
+            OSO06, "megatron", "--config-name=one_step_off_ppo_megatron_trainer", id="one-step-off-06"
+        ),
+        pytest.param(FA06, "fsdp", FA06, id="fsdp-default-config"),
+    ],
+)
+def test_the_launcher_runs_the_recipe_with_its_own_megatron_config(
+    module: str, engine: str, want: str
+) -> None:
+    from verl_operator.manifests.launchspec import entrypoint
+
+    command = entrypoint(engine, module)
+    assert command[:3] == ("python3", "-m", module)
+    assert command[-1] == want
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize(
+    ("name", "mode", "nodes"),
+    [
+        pytest.param("async-colocate-qwen7b-dgx.yaml", "colocate_async", 1, id="colocate-async"),
+        pytest.param("async-separate-qwen7b-dgx.yaml", "separate_async", 2, id="separate-async"),
+        pytest.param("async-fully-qwen7b-dgx.yaml", "fully_async", 2, id="fully-async"),
+        pytest.param("async-one-step-off-qwen7b-dgx.yaml", "one_step_off", 2, id="one-step-off"),
+    ],
+)
+def test_every_mode_example_plans_on_its_cluster(name: str, mode: str, nodes: int) -> None:
+    from verl_operator.commands.plan import load_nodes, plan_files
+
+    result = plan_files(
+        str(EXAMPLES / "jobs" / name), load_nodes(str(EXAMPLES / "clusters" / "dgx-h100.yaml"))
+    )
+    assert result.feasible, result.violations
+    assert result.plan is not None and result.plan.pools is not None
+    assert (result.plan.pools.mode, result.plan.pools.nodes, result.plan.nnodes) == (mode, nodes, nodes)
+
+
+def test_the_example_jobs_of_every_mode_ship() -> None:
+    names = {p.name for p in (EXAMPLES / "jobs").glob("async-*.yaml")}
+    params = test_every_mode_example_plans_on_its_cluster.pytestmark[0].args[1]  # type: ignore[attr-defined]
+    assert names == {p.values[0] for p in params}
+
+
+@pytest.mark.parametrize(
+    ("name", "pods", "gpus"),
+    [
+        pytest.param("async-separate-qwen7b-dgx.yaml", 2, 8, id="separate-async-two-nodes"),
+        pytest.param("async-one-step-off-qwen7b-dgx.yaml", 2, 8, id="one-step-off-shared-nodes"),
+    ],
+)
+def test_both_pools_render_as_one_gang(name: str, pods: int, gpus: int) -> None:
+    """The pods hold both pools' GPUs; launch.json asks for all the nodes and carries both pools' keys."""
+    import json
+
+    import yaml
+
+    from verl_operator.commands.plan import load_nodes
+    from verl_operator.commands.render import render
+
+    job = yaml.safe_load((EXAMPLES / "jobs" / name).read_text())
+    children = render(job, load_nodes(str(EXAMPLES / "clusters" / "dgx-h100.yaml")))
+    ray_pods = [c for c in children if c["kind"] == "Pod"]
+    assert len(ray_pods) == pods
+    for pod in ray_pods:
+        (limits,) = [
+            c["resources"]["limits"]
+            for c in pod["spec"]["containers"]
+            if "nvidia.com/gpu" in c["resources"].get("limits", {})
+        ]
+        assert limits["nvidia.com/gpu"] == str(gpus)
+    (config,) = [c for c in children if c["kind"] == "ConfigMap"]
+    launch = json.loads(next(iter(config["data"].values())))
+    assert launch["nnodes"] == pods
+    assert launch["entrypoint"][2] == job["spec"]["verl"].get("entrypoint", "verl.trainer.main_ppo")
+    assert any(o.split("=", 1)[0].endswith("rollout.nnodes") for o in launch["overrides"])

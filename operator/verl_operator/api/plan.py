@@ -258,8 +258,12 @@ class Plan(ApiModel):
     nodes: list[str] = Field(
         description="The first nnodes candidate nodes (the operator places on free ones)."
     )
-    nnodes: int = Field(description="Nodes (Ray pods) of the job (trainer.nnodes).")
-    gpus_per_node: int = Field(description="GPUs each pod holds (trainer.n_gpus_per_node).")
+    nnodes: int = Field(
+        description="Nodes (Ray pods) of the job (trainer.nnodes; with two pools, both pools' nodes: pools.nodes)."
+    )
+    gpus_per_node: int = Field(
+        description="GPUs each pod holds (trainer.n_gpus_per_node; with two pools, both pools' GPUs of a node)."
+    )
     cpu_per_node: str | None = Field(
         default=None,
         description=(
@@ -288,7 +292,7 @@ class Plan(ApiModel):
             "nodes of one NVLink clique (null in plans of earlier releases)."
         ),
     )
-    world_size: int = Field(description="GPUs in all.")
+    world_size: int = Field(description="GPUs in all (with two pools: the trainer pool's).")
     data_parallel_size: int = Field(description="Data parallel size of the actor.")
     sequence_parallel_size: int = Field(description="Ulysses sequence parallel size.")
     fsdp_size: int = Field(description="FSDP shard group size (-1 = the whole world).")

@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from verl_operator.api.plan import Plan, PlanResult, PoolPlan, PoolsPlan, Violation
+from verl_operator.api.plan import CANDIDATE_SAMPLE, Plan, PlanResult, PoolPlan, PoolsPlan, Violation
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner import catalog, rules_async, split_model
+from verl_operator.planner.cluster import Layout, layouts, select
 from verl_operator.planner.facts import NodeFacts, node_facts
+from verl_operator.planner.mesh import nvlink_group_per_node
 from verl_operator.planner.overrides import OverrideError as _OverrideError
 from verl_operator.planner.overrides import parse_override
 from verl_operator.planner.pools import (
@@ -116,6 +118,9 @@ def _plan_split(
     )
     if vs or rollout is None:
         return _infeasible(vs, result.warnings)
+    job_layout = _job_layout(spec, facts, plan, split, node_gpus)
+    if isinstance(job_layout, Violation):
+        return _infeasible([job_layout], result.warnings)
     overrides = [_replaced(o, before.replace) for o in plan.overrides]
     overrides += pool_overrides(inputs, split) + before.emit + recipe_overrides(spec, inputs)
     pools = PoolsPlan(
@@ -133,8 +138,71 @@ def _plan_split(
         split="pinned",
         invariants=before.invariants,
     )
-    plan = plan.model_copy(update={"pools": pools, "overrides": overrides})
+    plan = plan.model_copy(
+        update={
+            "pools": pools,
+            "overrides": overrides,
+            # The job's pods hold both pools: placement, the pods, Kueue and launch.json read these.
+            "nnodes": job_layout.nnodes,
+            "gpus_per_node": job_layout.gpus_per_node,
+            "nodes": list(job_layout.candidates[: job_layout.nnodes]),
+            "candidate_node_count": len(job_layout.candidates),
+            "candidate_nodes_sample": list(job_layout.candidates[:CANDIDATE_SAMPLE]),
+            "cpu_per_node": job_layout.cpu_per_node or plan.cpu_per_node,
+            "nvlink_group_per_node": nvlink_group_per_node(plan.nvlink_group_size, job_layout.gpus_per_node),
+            "node_pool": plan.node_pool.model_copy(update={"nvlink_domain_size": job_layout.nvlink_domain}),
+        }
+    )
     return result.model_copy(update={"plan": plan, "warnings": [*result.warnings, *ws]})
+
+
+def _job_layout(
+    spec: VerlJobSpec, facts: Sequence[NodeFacts], plan: Plan, split: Split, node_gpus: int
+) -> Layout | Violation:
+    """The job's pods: ``nodes`` pods of one size that hold both pools, on the trainer plan's node pool.
+
+    Both pools on the same nodes: pods of trainer + rollout GPUs per node; else one pod per pool node, which
+    needs the pools' GPUs per node to agree (pods of one size make one gang for placement and Kueue).
+    """
+    if split.shared(node_gpus):
+        pod_gpus = split.trainer_gpn + split.rollout_gpn
+    elif split.trainer_gpn == split.rollout_gpn:
+        pod_gpus = split.trainer_gpn
+    else:
+        return Violation(
+            field="spec.overrides",
+            rule="pools-layout",
+            message=(
+                f"the trainer pool's {split.trainer_gpn} GPUs per node and the rollout pool's {split.rollout_gpn} "
+                f"make pods of two sizes on {split.nodes(node_gpus)} nodes: the job's pods are one gang of one size"
+            ),
+            suggestions=[
+                f"give both pools {max(split.trainer_gpn, split.rollout_gpn)} GPUs per node",
+                "or as many nodes each, with their GPUs per node together on one node",
+            ],
+        )
+    nodes = split.nodes(node_gpus)
+    pools, _ = select(facts, spec)
+    pool_plan = plan.node_pool
+    for pool in pools:
+        if pool.product != pool_plan.gpu_product or pool.memory_mib != pool_plan.gpu_memory_mib:
+            continue
+        for layout in layouts(pool, spec, pod_gpus):
+            if layout.nnodes == nodes:
+                return layout
+    return Violation(
+        field="spec.resources.gpus",
+        rule="not-enough-gpus",
+        message=(
+            f"both pools need {nodes} nodes with {pod_gpus} GPUs each ({split.trainer_gpus} trainer + "
+            f"{split.rollout_gpus} rollout GPUs) on the trainer's node pool ({pool_plan.gpu_product}); "
+            "the eligible nodes do not have them"
+        ),
+        suggestions=[
+            "use fewer GPUs",
+            f"at most {max((len(p.nodes) for p in pools), default=0)} nodes are eligible",
+        ],
+    )
 
 
 def _trainer_mesh(plan: Plan) -> str:

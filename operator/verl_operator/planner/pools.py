@@ -71,6 +71,13 @@ RECIPE_CONFIGS = {
     "one_step_off_ppo_trainer": "",
     "one_step_off_ppo_megatron_trainer": "ppo_megatron_trainer",
 }
+#: The Megatron config of each recipe entry point (verl's ``ppo_megatron_trainer`` for the others).
+MEGATRON_CONFIGS = {
+    "verl.experimental.fully_async_policy.fully_async_main": "fully_async_ppo_megatron_trainer",
+    "recipe.fully_async_policy.fully_async_main": "fully_async_ppo_megatron_trainer",
+    "verl.experimental.one_step_off_policy.main_ppo": "one_step_off_ppo_megatron_trainer",
+    "recipe.one_step_off_policy.main_ppo": "one_step_off_ppo_megatron_trainer",
+}
 _CONFIG_ARG = re.compile(r"^\s*(?P<flag>--config-name|-cn|--config-path|-cp)(?:=|\s+)(?P<value>\S+)\s*$")
 
 #: Defaults of the keys read here when unset (0.9.1 / 0.6.1 configs named in each use).
@@ -380,6 +387,11 @@ def pinned_split(
             )
         ]
     return split, []
+
+
+def megatron_config_name(module: str) -> str:
+    """The Hydra config a Megatron job of ``module`` runs with (``--config-name``)."""
+    return MEGATRON_CONFIGS.get(module, "ppo_megatron_trainer")
 
 
 def pool_overrides(inputs: ModeInputs, split: Split) -> list[str]:
