@@ -482,3 +482,104 @@ def test_both_pools_render_as_one_gang(name: str, pods: int, gpus: int) -> None:
     assert launch["nnodes"] == pods
     assert launch["entrypoint"][2] == job["spec"]["verl"].get("entrypoint", "verl.trainer.main_ppo")
     assert any(o.split("=", 1)[0].endswith("rollout.nnodes") for o in launch["overrides"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "entrypoint", "feasible", "emitted"),
+    [
+        pytest.param(
+            ["trainer.nnodes=1", "rollout.nnodes=1", "data.train_batch_size=0"],
+            FA06,
+            True,
+            "actor_rollout_ref.rollout.mode=async",
+            id="06-fully-async-emits-async",
+        ),
+        pytest.param(
+            [
+                "trainer.nnodes=1",
+                "rollout.nnodes=1",
+                "data.train_batch_size=0",
+                "actor_rollout_ref.rollout.mode=sync",
+            ],
+            FA06,
+            False,
+            None,
+            id="06-fully-async-refuses-sync",
+        ),
+        pytest.param(
+            ["trainer.nnodes=1", "rollout.nnodes=1", "actor_rollout_ref.rollout.mode=sync"],
+            OSO06,
+            True,
+            "actor_rollout_ref.rollout.mode=sync",
+            id="06-one-step-off-fsdp-sync",
+        ),
+    ],
+)
+def test_06_recipes_rollout_mode(
+    overrides: list[str], entrypoint: str, feasible: bool, emitted: str | None
+) -> None:
+    result = plan(overrides, entrypoint=entrypoint, version="0.6")
+    assert result.feasible is feasible, result.violations
+    if not feasible:
+        (v,) = [v for v in result.violations if v.rule == "rollout-mode"]
+        assert "needs rollout.mode=async, not sync" in v.message
+        return
+    assert result.plan is not None and emitted in result.plan.overrides
+
+
+FA_POOLS = ["data.train_batch_size=0", "trainer.nnodes=1", "rollout.nnodes=1"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "rule", "text"),
+    [
+        pytest.param(
+            ["actor_rollout_ref.hybrid_engine=True"],
+            "async-hybrid-engine",
+            "must be false, not true",
+            id="hybrid-engine-true",
+        ),
+        pytest.param(
+            ["actor_rollout_ref.rollout.standalone_gpu_memory_utilization=0.99"],
+            "rollout-pool-memory",
+            "exceeds the GPU",
+            id="standalone-gmu-over-the-gpu",
+        ),
+        pytest.param(
+            ["actor_rollout_ref.rollout.standalone_gpu_memory_utilization=0.1"],
+            "rollout-pool-memory",
+            "leave no KV cache",
+            id="standalone-gmu-below-the-weights",
+        ),
+    ],
+)
+def test_fully_async_pool_rules(extra: list[str], rule: str, text: str) -> None:
+    result = plan([*FA_POOLS, *extra], entrypoint=FA09)
+    (v,) = [v for v in result.violations if v.rule == rule]
+    assert text in v.message and v.suggestions
+
+
+def test_pool_memory_rollout_gpu_has_no_optimizer_trainer_gpu_no_kv_cache() -> None:
+    result = plan(
+        [*FA_POOLS, "actor_rollout_ref.rollout.standalone_gpu_memory_utilization=0.9"], entrypoint=FA09
+    )
+    assert result.feasible, result.violations
+    assert result.plan is not None and result.plan.pools is not None
+    pools = result.plan.pools
+    assert pools.rollout is not None
+    r, t = pools.rollout.memory_gib, pools.trainer.memory_gib
+    assert r["vllmBudget"] == round(0.9 * result.plan.memory.gpu_memory_gib, 2)
+    # Qwen2.5-7B's 7.6e9 bf16 weights on TP 1
+    assert r["modelWeights"] == pytest.approx(7.616e9 * 2 / 1024**3, abs=0.01)
+    assert "optimizer" not in r and "vllmBudget" not in t and "vllmResidual" not in t
+    assert "actor_rollout_ref.rollout.standalone_gpu_memory_utilization=0.9" in result.plan.overrides
+    assert "actor_rollout_ref.hybrid_engine=False" in result.plan.overrides  # emitted: verl's default is true
+
+
+def test_separate_async_trainer_gpu_keeps_the_hybrid_replicas_memory() -> None:
+    result = plan([*SEP, "trainer.nnodes=1", "actor_rollout_ref.rollout.nnodes=1"])
+    assert result.plan is not None and result.plan.pools is not None
+    mem = result.plan.memory
+    assert result.plan.pools.trainer.peak_gib == max(
+        mem.rollout_peak_gib, mem.train_peak_gib, mem.log_prob_peak_gib
+    )

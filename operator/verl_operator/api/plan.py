@@ -204,6 +204,15 @@ class PoolPlan(ApiModel):
         max_length=80,
         description="The pool's mesh: the trainer's dp/sp (FSDP) or tp/pp/cp/dp (Megatron); rollout tp x dp.",
     )
+    peak_gib: float | None = Field(
+        default=None, description="Estimated peak memory of one of the pool's GPUs (null: not estimated)."
+    )
+    memory_gib: dict[str, float] = Field(
+        default_factory=dict,
+        max_length=8,
+        description="The parts of the peak: a rollout GPU holds no optimizer, a trainer GPU of a mode without "
+        "hybrid replicas no KV cache.",
+    )
 
 
 class RolloutPoolPlan(PoolPlan):

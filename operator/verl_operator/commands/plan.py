@@ -214,17 +214,23 @@ def _pool_rows(plan: Plan) -> list[tuple[str, str]]:
     fraction = f", model {pools.model_rollout_fraction:.0%} rollout" if pools.model_rollout_fraction else ""
     shared = ", shared" if pools.shared_nodes else ""
     rows += [
-        ("trainer pool", f"{t.gpus} GPUs = {t.nnodes} x {t.gpus_per_node}, {t.mesh}"),
+        ("trainer pool", f"{t.gpus} GPUs = {t.nnodes} x {t.gpus_per_node}, {t.mesh}" + _peak(t.peak_gib)),
         (
             "rollout pool",
             f"{r.gpus} GPUs = {r.nnodes} x {r.gpus_per_node}, {r.mesh}"
-            + (f", {r.idle_gpus} idle" if r.idle_gpus else ""),
+            + (f", {r.idle_gpus} idle" if r.idle_gpus else "")
+            + _peak(r.peak_gib)
+            + (f" (KV cache {r.memory_gib['kvCache']})" if "kvCache" in r.memory_gib else ""),
         ),
         ("split", f"{pools.split}{fraction}; {pools.nodes} nodes{shared}"),
     ]
     if pools.invariants:
         rows.append(("invariants", ", ".join(f"{k} {v}" for k, v in pools.invariants.items())))
     return rows
+
+
+def _peak(gib: float | None) -> str:
+    return f", peak {gib} GiB per GPU" if gib is not None else ""
 
 
 def _plan_rows(plan: Plan) -> list[tuple[str, str]]:

@@ -6,7 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from verl_operator.api.plan import CANDIDATE_SAMPLE, Plan, PlanResult, PoolPlan, PoolsPlan, Violation
+from verl_operator.api.plan import (
+    CANDIDATE_SAMPLE,
+    Plan,
+    PlanResult,
+    PoolPlan,
+    PoolsPlan,
+    RolloutPoolPlan,
+    Violation,
+)
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner import catalog, rules_async, split_model
 from verl_operator.planner.cluster import Layout, layouts, select
@@ -61,7 +69,7 @@ def plan_modes(
         return _warned(result, warnings)
     if removed:
         return _infeasible(removed, warnings)
-    before = rules_async.before_plan(spec.verl.version, inputs)
+    before = rules_async.before_plan(spec.verl.version, inputs, spec.rollout.mode)
     if before.violations:
         return _infeasible(before.violations, warnings)
     facts = [n if isinstance(n, NodeFacts) else node_facts(n) for n in nodes]
@@ -121,6 +129,11 @@ def _plan_split(
     job_layout = _job_layout(spec, facts, plan, split, node_gpus)
     if isinstance(job_layout, Violation):
         return _infeasible([job_layout], result.warnings)
+    memory = _pool_memory(spec, inputs, plan, rollout)
+    if isinstance(memory, Violation):
+        return _infeasible([memory], result.warnings)
+    (trainer_peak, trainer_parts), (rollout_peak, rollout_parts) = memory
+    rollout = rollout.model_copy(update={"peak_gib": rollout_peak, "memory_gib": rollout_parts})
     overrides = [_replaced(o, before.replace) for o in plan.overrides]
     overrides += pool_overrides(inputs, split) + before.emit + recipe_overrides(spec, inputs)
     pools = PoolsPlan(
@@ -131,6 +144,8 @@ def _plan_split(
             nnodes=plan.nnodes,
             gpus_per_node=plan.gpus_per_node,
             mesh=_trainer_mesh(plan),
+            peak_gib=trainer_peak,
+            memory_gib=trainer_parts,
         ),
         rollout=rollout,
         nodes=split.nodes(node_gpus),
@@ -203,6 +218,90 @@ def _job_layout(
             f"at most {max((len(p.nodes) for p in pools), default=0)} nodes are eligible",
         ],
     )
+
+
+GIB = 1024**3
+STANDALONE_GMU = f"{ARR}.rollout.standalone_gpu_memory_utilization"
+Parts = tuple[float, dict[str, float]]
+
+
+def _pool_memory(
+    spec: VerlJobSpec, inputs: ModeInputs, plan: Plan, rollout: RolloutPoolPlan
+) -> tuple[Parts, Parts] | Violation:
+    """Each pool's GPU: ``(peak GiB, parts)`` of the trainer's and of the rollout's.
+
+    The trainer GPU of separate_async hosts hybrid replicas (the colocated estimate, every phase); that of
+    fully_async and one_step_off holds no KV cache (the training and log-prob phases without vLLM's residue).
+    A rollout GPU holds no optimizer: vLLM's budget (``gpu_memory_utilization``, or fully_async's
+    ``standalone_gpu_memory_utilization`` for its standalone replicas: 0.9.1
+    ``experimental/fully_async_policy/fully_async_rollouter.py`` lines 115-122) and the CUDA reserve; the
+    replica's weights (TP-sharded) must leave room for the KV cache in that budget.
+    """
+    mem = plan.memory
+    phases = [("rollout", mem.rollout), ("train", mem.train), ("logProb", mem.log_prob)]
+    if inputs.mode != "separate_async":
+        phases = phases[1:]
+    trainer: Parts = (0.0, {})
+    for _, phase in phases:
+        parts = {
+            k: v for k, v in phase.parts_gib.items() if inputs.mode == "separate_async" or k != "vllmResidual"
+        }
+        peak = round(
+            phase.peak_gib
+            - (phase.parts_gib.get("vllmResidual", 0.0) if inputs.mode != "separate_async" else 0.0),
+            2,
+        )
+        if peak > trainer[0]:
+            trainer = (peak, dict(list(parts.items())[:8]))
+    gmu = plan.rollout.gpu_memory_utilization
+    source = "the plan's gpu_memory_utilization"
+    text = inputs.text(STANDALONE_GMU)
+    if inputs.mode == "fully_async" and text is not None:
+        try:
+            gmu, source = float(text), inputs.source(STANDALONE_GMU)
+        except ValueError:
+            return Violation(
+                field=inputs.source(STANDALONE_GMU),
+                rule="rollout-pool-memory",
+                message=f"{STANDALONE_GMU} {text!r} is not a number",
+                suggestions=[f"set {STANDALONE_GMU} to a fraction such as 0.85"],
+            )
+    reserve = mem.rollout.parts_gib.get("cudaReserve", 0.0)
+    budget = round(gmu * mem.gpu_memory_gib, 2)
+    total = 0.0
+    if spec.model.shape is not None:
+        total = catalog.count_params(spec.model.shape)[0]
+    elif (entry := catalog.lookup(spec.model.path)) is not None:
+        total = entry.params_total
+    weights = round(total * 2 / rollout.tensor_parallel_size / GIB, 2)  # bf16 / fp16 weights, TP-sharded
+    if not 0 < gmu <= 1 or budget + reserve > mem.gpu_memory_gib:
+        top = round((mem.gpu_memory_gib - reserve) / mem.gpu_memory_gib, 2)
+        return Violation(
+            field=source if source.startswith("spec.") else "spec.rollout",
+            rule="rollout-pool-memory",
+            message=(
+                f"a rollout GPU's vLLM budget {gmu} x {mem.gpu_memory_gib} GiB = {budget} GiB plus the CUDA "
+                f"reserve {reserve} GiB exceeds the GPU's {mem.gpu_memory_gib} GiB"
+            ),
+            suggestions=[f"use a memory utilization of at most {top}"],
+        )
+    if weights >= budget:
+        return Violation(
+            field=source if source.startswith("spec.") else "spec.rollout.tensorParallelSize",
+            rule="rollout-pool-memory",
+            message=(
+                f"a rollout replica's weights, {weights} GiB per GPU at TP {rollout.tensor_parallel_size}, leave "
+                f"no KV cache in vLLM's budget {gmu} x {mem.gpu_memory_gib} GiB = {budget} GiB"
+            ),
+            suggestions=["raise the rollout TP", f"or {STANDALONE_GMU} (fully_async)"],
+        )
+    rollout_parts = {
+        "vllmBudget": budget,
+        "modelWeights": weights,
+        "kvCache": round(budget - weights, 2),
+        "cudaReserve": reserve,
+    }
+    return trainer, (round(budget + reserve, 2), rollout_parts)
 
 
 def _trainer_mesh(plan: Plan) -> str:

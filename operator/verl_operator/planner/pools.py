@@ -64,6 +64,14 @@ TRAINER_POOL_KEYS = ("trainer.nnodes", "trainer.n_gpus_per_node")
 #: Sections of the recipes' own configs (``fully_async_ppo_trainer.yaml``, ``one_step_off_ppo_trainer.yaml``)
 #: that verl's ``ppo_trainer`` does not have: read here, passed to verl as written.
 RECIPE_SECTIONS = ("rollout.", "async_training.")
+#: Keys of the fully_async configs beyond ppo_trainer's (0.9.1 ``fully_async_ppo_trainer.yaml``, 0.6.1's).
+RECIPE_KEYS = frozenset(
+    {
+        f"{ARR}.rollout.standalone_gpu_memory_utilization",
+        f"{ARR}.actor.use_rollout_log_probs",
+        "data.gen_batch_size",
+    }
+)
 #: The recipes' Hydra configs (``--config-name``); the Megatron ones plan as ``ppo_megatron_trainer``.
 RECIPE_CONFIGS = {
     "fully_async_ppo_trainer": "",
@@ -242,7 +250,7 @@ def read_mode(spec: VerlJobSpec) -> tuple[ModeInputs, list[Violation], list[str]
     megatron_config = False
     if mode in RECIPES:
         for ov in parsed:
-            if ov.key.startswith(RECIPE_SECTIONS):
+            if ov.key.startswith(RECIPE_SECTIONS) or (mode == "fully_async" and ov.key in RECIPE_KEYS):
                 recipe_indices.append(ov.index)
         for i, raw in enumerate(spec.overrides):
             match = _CONFIG_ARG.match(raw)

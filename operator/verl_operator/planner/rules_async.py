@@ -52,13 +52,106 @@ class Before:
     invariants: dict[str, int] = field(default_factory=dict)
 
 
-def before_plan(version: str, inputs: ModeInputs) -> Before:
-    """The mode's rules on the keys, and the batch sizes the trainer pool is planned with."""
+def before_plan(version: str, inputs: ModeInputs, spec_rollout_mode: str | None = None) -> Before:
+    """The mode's rules on the keys, and the batch sizes the trainer pool is planned with.
+
+    Args:
+        version: The release line.
+        inputs: The mode and its keys.
+        spec_rollout_mode: ``spec.rollout.mode`` (``spmd`` or ``server``), if set.
+    """
     if inputs.mode == "separate_async":
         return _separate_async(inputs)
     if inputs.mode == "fully_async":
-        return _fully_async(version, inputs)
-    return Before()
+        before = _fully_async(version, inputs)
+    elif inputs.mode == "one_step_off":
+        before = Before()
+    else:
+        return Before()
+    return _with_rollout_mode(_no_hybrid_engine(before, version, inputs), version, inputs, spec_rollout_mode)
+
+
+def _no_hybrid_engine(before: Before, version: str, inputs: ModeInputs) -> Before:
+    """fully_async and one_step_off train and roll out on separate GPUs: ``actor_rollout_ref.hybrid_engine``
+    must be false (verl's default is true; unset, the plan emits false)."""
+    where = {
+        ("0.9", "fully_async"): "fully_async_trainer.py line 76, fully_async_rollouter.py line 350",
+        ("0.9", "one_step_off"): "experimental/one_step_off_policy/ray_trainer.py line 88",
+        ("0.6", "fully_async"): "recipe/fully_async_policy/fully_async_trainer.py line 65",
+        ("0.6", "one_step_off"): "recipe/one_step_off_policy/fsdp_workers.py line 83",
+    }[(version, inputs.mode)]
+    hybrid = _bool(inputs, HYBRID)
+    if hybrid:
+        return Before(
+            violations=[
+                *before.violations,
+                Violation(
+                    field=inputs.source(HYBRID),
+                    rule="async-hybrid-engine",
+                    message=(
+                        f"{inputs.mode} trains and rolls out on separate pools: {HYBRID} must be false, not true "
+                        f"(verl asserts not hybrid_engine: {where})"
+                    ),
+                    suggestions=[f"set {HYBRID}=False, or drop it"],
+                ),
+            ]
+        )
+    if hybrid is None:
+        return Before(
+            violations=before.violations,
+            extra=before.extra,
+            drop_keys=before.drop_keys,
+            emit=[*before.emit, f"{HYBRID}=False"],
+            replace=before.replace,
+            invariants=before.invariants,
+        )
+    return before
+
+
+MODE = f"{ARR}.rollout.mode"
+
+
+def _with_rollout_mode(before: Before, version: str, inputs: ModeInputs, spec_mode: str | None) -> Before:
+    """verl 0.6's rollout mode for a recipe: fully_async runs vLLM servers (``rollout.mode=async``, asserted by
+    0.6.1 ``recipe/fully_async_policy/fully_async_rollouter.py`` line 283; unset, the plan emits it);
+    one_step_off's Megatron workers run SPMD rollout only (``rollout.mode=sync``,
+    ``recipe/one_step_off_policy/megatron_workers.py`` line 160). 0.9 has only ``async``."""
+    if version != "0.6" or before.violations:
+        return before
+    pinned = inputs.text(MODE)
+    source = inputs.source(MODE)
+    if pinned is None and spec_mode is not None:
+        pinned, source = {"spmd": "sync", "server": "async"}[spec_mode], "spec.rollout.mode"
+    megatron = inputs.megatron_config or inputs.text(f"{ARR}.actor.strategy") == "megatron"
+    need = "async" if inputs.mode == "fully_async" else ("sync" if megatron else None)
+    if need is None:
+        return before
+    where = (
+        "recipe/fully_async_policy/fully_async_rollouter.py line 283"
+        if need == "async"
+        else "recipe/one_step_off_policy/megatron_workers.py line 160"
+    )
+    if pinned is not None and pinned != need:
+        return Before(
+            violations=[
+                Violation(
+                    field=source,
+                    rule="rollout-mode",
+                    message=f"verl 0.6's {inputs.mode}{' (Megatron)' if need == 'sync' else ''} needs rollout.mode={need}, not {pinned} ({where})",
+                    suggestions=[f"set {MODE}={need}, or drop it"],
+                )
+            ]
+        )
+    if pinned is None:
+        return Before(
+            violations=before.violations,
+            extra=[*before.extra, f"{MODE}={need}"],
+            drop_keys=before.drop_keys,
+            emit=before.emit,
+            replace=before.replace,
+            invariants=before.invariants,
+        )
+    return before
 
 
 def _bool(inputs: ModeInputs, key: str) -> bool | None:
