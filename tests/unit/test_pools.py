@@ -583,3 +583,34 @@ def test_separate_async_trainer_gpu_keeps_the_hybrid_replicas_memory() -> None:
     assert result.plan.pools.trainer.peak_gib == max(
         mem.rollout_peak_gib, mem.train_peak_gib, mem.log_prob_peak_gib
     )
+
+
+@pytest.mark.parametrize(
+    ("override", "entrypoint", "version", "refused"),
+    [
+        pytest.param("rollout.total_epochs=10", FA09, "0.9", True, id="09-no-total-epochs"),
+        pytest.param("rollout.total_epochs=10", FA06, "0.6", False, id="06-total-epochs"),
+        pytest.param("async_training.use_rollout_log_probs=True", FA09, "0.9", True, id="09-moved-key"),
+        pytest.param("+async_training.use_rollout_log_probs=True", FA09, "0.9", False, id="09-added-key"),
+        pytest.param(
+            "actor_rollout_ref.rollout.standalone_gpu_memory_utilization=0.9",
+            FA06,
+            "0.6",
+            True,
+            id="06-no-standalone-gmu",
+        ),
+        pytest.param(
+            "async_training.require_batches=2", OSO09, "0.9", True, id="one-step-off-no-async-training"
+        ),
+    ],
+)
+def test_recipe_keys_against_the_recipes_config(
+    override: str, entrypoint: str, version: str, refused: bool
+) -> None:
+    result = plan(
+        ["data.train_batch_size=0", "trainer.nnodes=1", "rollout.nnodes=1", override],
+        entrypoint=entrypoint,
+        version=version,
+    )
+    unknown = [v for v in result.violations if v.rule == "override-unknown-key" and "config" in v.message]
+    assert bool(unknown) is refused, result.violations

@@ -23,6 +23,7 @@ for the trainer pool and assembles both pools into the plan.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,42 @@ RECIPE_KEYS = frozenset(
         "data.gen_batch_size",
     }
 )
+_FA_09 = (
+    "async_training.staleness_threshold",
+    "async_training.trigger_parameter_sync_step",
+    "async_training.require_batches",
+    "async_training.partial_rollout",
+    "async_training.use_trainer_do_validate",
+    "async_training.use_dynamic_resource_scheduling",
+    "async_training.dynamic_schedule_policy",
+    "async_training.dynamic_schedule_deactivate_ratio",
+    "async_training.dynamic_schedule_enable_rebalance",
+    "async_training.concurrent_samples_per_replica",
+    "rollout.total_rollout_steps",
+    f"{ARR}.rollout.standalone_gpu_memory_utilization",
+)
+_FA_06 = (
+    "async_training.staleness_threshold",
+    "async_training.trigger_parameter_sync_step",
+    "async_training.require_batches",
+    "async_training.partial_rollout",
+    "async_training.use_rollout_log_probs",
+    "async_training.compute_prox_log_prob",
+    "rollout.total_rollout_steps",
+    "rollout.total_epochs",
+    "rollout.test_freq",
+)
+_COMMON = ("rollout.nnodes", "rollout.n_gpus_per_node")
+_FA_COMMON = ("rollout.n", f"{ARR}.actor.use_rollout_log_probs", "data.gen_batch_size")
+#: The keys each recipe's config adds to verl's ppo_trainer (FSDP and Megatron configs alike): 0.9.1
+#: ``experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml``, ``one_step_off_ppo_trainer.yaml``;
+#: 0.6.1 ``recipe/*/config/*.yaml``. The fidelity tier composes them with verl's own Hydra.
+RECIPE_CONFIG_KEYS: dict[tuple[str, str], frozenset[str]] = {
+    ("0.9", "fully_async"): frozenset((*_FA_09, *_COMMON, *_FA_COMMON)),
+    ("0.6", "fully_async"): frozenset((*_FA_06, *_COMMON, *_FA_COMMON)),
+    ("0.9", "one_step_off"): frozenset(_COMMON),
+    ("0.6", "one_step_off"): frozenset(_COMMON),
+}
 #: The recipes' Hydra configs (``--config-name``); the Megatron ones plan as ``ppo_megatron_trainer``.
 RECIPE_CONFIGS = {
     "fully_async_ppo_trainer": "",
@@ -249,9 +286,12 @@ def read_mode(spec: VerlJobSpec) -> tuple[ModeInputs, list[Violation], list[str]
     recipe_indices: list[int] = []
     megatron_config = False
     if mode in RECIPES:
+        known = RECIPE_CONFIG_KEYS.get((version, mode), frozenset())
         for ov in parsed:
             if ov.key.startswith(RECIPE_SECTIONS) or (mode == "fully_async" and ov.key in RECIPE_KEYS):
                 recipe_indices.append(ov.index)
+                if ov.prefix in ("", "~") and ov.key not in known:
+                    violations.append(_unknown_recipe_key(ov, module, known))
         for i, raw in enumerate(spec.overrides):
             match = _CONFIG_ARG.match(raw)
             if match is None:
@@ -273,6 +313,17 @@ def read_mode(spec: VerlJobSpec) -> tuple[ModeInputs, list[Violation], list[str]
         ),
         violations,
         warnings,
+    )
+
+
+def _unknown_recipe_key(ov: Override, module: str, known: frozenset[str]) -> Violation:
+    """A recipe key its config does not have: Hydra's struct mode refuses it (``+key=`` adds one)."""
+    close = difflib.get_close_matches(ov.key, sorted(known), n=2)
+    return Violation(
+        field=ov.source,
+        rule="override-unknown-key",
+        message=f"{ov.key} is not a key of {module}'s config (Hydra refuses an unknown key)",
+        suggestions=[f"use {c}" for c in close] + [f"or +{ov.key}=... to add it, or drop it"],
     )
 
 
