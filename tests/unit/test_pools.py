@@ -614,3 +614,29 @@ def test_recipe_keys_against_the_recipes_config(
     )
     unknown = [v for v in result.violations if v.rule == "override-unknown-key" and "config" in v.message]
     assert bool(unknown) is refused, result.violations
+
+
+def test_a_trainer_pool_without_rollout_replicas_is_not_refused_for_the_rollout_phase() -> None:
+    """one_step_off's trainer GPUs hold no vLLM budget (hybrid_engine=False): gpu_memory_utilization 0.9 beside
+    the optimizer is the colocated trainer's problem, not theirs; the rollout pool's GPU holds it alone."""
+    common = ["actor_rollout_ref.rollout.gpu_memory_utilization=0.9", "data.train_batch_size=64"]
+    colocated = plan(common, gpus=8, nodes=2)
+    assert not colocated.feasible
+    assert "memory-rollout" in {v.rule for v in colocated.violations}
+    pooled = plan(
+        [
+            *common,
+            "trainer.nnodes=1",
+            "trainer.n_gpus_per_node=4",
+            "rollout.nnodes=1",
+            "rollout.n_gpus_per_node=4",
+        ],
+        gpus=8,
+        entrypoint=OSO09,
+        nodes=2,
+    )
+    assert pooled.feasible, pooled.violations
+    assert pooled.plan is not None and pooled.plan.pools is not None and pooled.plan.pools.rollout is not None
+    assert "vllmBudget" in pooled.plan.pools.rollout.memory_gib
+    assert pooled.plan.pools.rollout.peak_gib is not None
+    assert pooled.plan.pools.rollout.peak_gib <= pooled.plan.memory.gpu_memory_gib

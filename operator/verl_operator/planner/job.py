@@ -74,10 +74,15 @@ def too_large(spec: VerlJobSpec, exc: PlanTooLarge) -> Violation:
     )
 
 
-def _plan(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any] | NodeFacts]) -> PlanResult:
+def _plan(
+    spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any] | NodeFacts], standalone_rollout: bool = False
+) -> PlanResult:
+    """Plan one pool; ``standalone_rollout``: its GPUs hold no rollout replica (``Problem.standalone_rollout``)."""
     resolved = resolve(spec)
     if isinstance(resolved, list):
         return _infeasible(resolved)
+    if standalone_rollout:
+        resolved = replace(resolved, problem=replace(resolved.problem, standalone_rollout=True))
     if spec.model.dtype == "float16" and spec.verl.version == "0.6" and resolved.problem.needs_critic:
         return _infeasible([_fp16_critic_06()])
     result = _plan_resolved(spec, resolved, nodes)

@@ -37,7 +37,8 @@ from verl_operator.planner.pools import (
 #: At most this many splits are planned when the spec leaves the split open (nearest the model's first).
 MAX_SPLITS = 6
 
-PlanOne = Callable[[VerlJobSpec, Sequence[Mapping[str, Any] | NodeFacts]], PlanResult]
+#: The colocated planner: a spec, the nodes, and whether the pool's GPUs hold no rollout replica.
+PlanOne = Callable[[VerlJobSpec, Sequence[Mapping[str, Any] | NodeFacts], bool], PlanResult]
 
 
 def _infeasible(violations: list[Violation], warnings: Sequence[str] = ()) -> PlanResult:
@@ -63,7 +64,7 @@ def plan_modes(
     if violations:
         return _infeasible(violations + removed, warnings)
     if not inputs.two_pools:
-        result = _with_removed(plan_one(spec, nodes), removed)
+        result = _with_removed(plan_one(spec, nodes, False), removed)
         if result.plan is not None and (inputs.mode != "sync" or inputs.entrypoint != MAIN_PPO):
             result = result.model_copy(update={"plan": _single(result.plan, inputs)})
         return _warned(result, warnings)
@@ -116,7 +117,7 @@ def _plan_split(
 ) -> PlanResult:
     """The trainer pool planned on ``split``'s trainer GPUs, then the rollout pool."""
     tspec = trainer_spec(spec, inputs, split, before.extra, before.drop_keys)
-    result = plan_one(tspec, facts)
+    result = plan_one(tspec, facts, inputs.mode != "separate_async")
     if result.plan is None:
         return result
     plan = result.plan
