@@ -640,3 +640,16 @@ def test_a_trainer_pool_without_rollout_replicas_is_not_refused_for_the_rollout_
     assert "vllmBudget" in pooled.plan.pools.rollout.memory_gib
     assert pooled.plan.pools.rollout.peak_gib is not None
     assert pooled.plan.pools.rollout.peak_gib <= pooled.plan.memory.gpu_memory_gib
+
+
+@pytest.mark.parametrize("value", ["-1", "-0.5"], ids=["int", "float"])
+def test_fully_async_negative_staleness_whatever_its_type(value: str) -> None:
+    result = plan(
+        [*FA_POOLS, "async_training.staleness_threshold=0.1", f"async_training.staleness_threshold={value}"],
+        entrypoint=FA09,
+    )
+    (v,) = [v for v in result.violations if v.rule == "fully-async-batch"]
+    assert f"{value} must be >= 0" in v.message
+    assert not [
+        v for v in result.violations if v.rule == "override-unknown-key"
+    ]  # both occurrences are the recipe's

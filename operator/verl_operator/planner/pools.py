@@ -180,8 +180,10 @@ class ModeInputs:
         return value if value is not None else int(DEFAULTS[key])
 
     def text(self, key: str) -> str | None:
-        """A key's value as written (booleans lower-case), None when unset."""
+        """A key's value as written (booleans lower-case, integers too), None when unset."""
         pin = self.texts.get(key)
+        if pin is None and key in self.ints:
+            return str(self.ints[key].value)
         return pin[0] if pin is not None else None
 
     def source(self, key: str, default: str = "spec.overrides") -> str:
@@ -204,6 +206,17 @@ def _parse(raws: Sequence[str]) -> list[Override]:
         out.pop(ov.key, None)
         out[ov.key] = ov
     return list(out.values())
+
+
+def _parse_all(raws: Sequence[str]) -> list[Override]:
+    """Every override that parses, repeats included."""
+    out = []
+    for i, raw in enumerate(raws):
+        try:
+            out.append(parse_override(raw, i))
+        except _OverrideError:
+            continue
+    return out
 
 
 def read_mode(spec: VerlJobSpec) -> tuple[ModeInputs, list[Violation], list[str]]:
@@ -287,7 +300,7 @@ def read_mode(spec: VerlJobSpec) -> tuple[ModeInputs, list[Violation], list[str]
     megatron_config = False
     if mode in RECIPES:
         known = RECIPE_CONFIG_KEYS.get((version, mode), frozenset())
-        for ov in parsed:
+        for ov in _parse_all(spec.overrides):  # every occurrence: a repeated key leaves none behind
             if ov.key.startswith(RECIPE_SECTIONS) or (mode == "fully_async" and ov.key in RECIPE_KEYS):
                 recipe_indices.append(ov.index)
                 if ov.prefix in ("", "~") and ov.key not in known:
