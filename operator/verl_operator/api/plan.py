@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, Field
 
+from verl_operator.api import limits as L
 from verl_operator.api.base import ApiModel
 
 #: Candidate node names a plan lists (the count is always there): a plan, and the ``status.plan`` that holds
@@ -233,7 +234,9 @@ class PoolsPlan(ApiModel):
     """
 
     mode: TrainerMode = Field(description="The trainer mode (trainer.v1.trainer_mode or the entry point's).")
-    entrypoint: str = Field(max_length=200, description="The module verl runs (spec.verl.entrypoint).")
+    entrypoint: str = Field(
+        max_length=L.MAX_MODULE, description="The module verl runs (spec.verl.entrypoint)."
+    )
     trainer: PoolPlan = Field(description="The trainer pool (actor, reference, critic).")
     rollout: RolloutPoolPlan | None = Field(
         default=None, description="The standalone rollout pool (null: the rollout shares the trainer's GPUs)."

@@ -22,17 +22,14 @@ from verl_operator.planner.facts import NodeFacts, node_facts
 from verl_operator.planner.mesh import nvlink_group_per_node
 from verl_operator.planner.overrides import OverrideError as _OverrideError
 from verl_operator.planner.overrides import parse_override
-from verl_operator.planner.pools import (
-    ARR,
-    MAIN_PPO,
-    ModeInputs,
+from verl_operator.planner.pool_split import (
     Split,
     pinned_split,
     pool_overrides,
-    read_mode,
     recipe_overrides,
     trainer_spec,
 )
+from verl_operator.planner.pools import ARR, MAIN_PPO, ModeInputs, read_mode
 
 #: At most this many splits are planned when the spec leaves the split open (nearest the model's first).
 MAX_SPLITS = 6

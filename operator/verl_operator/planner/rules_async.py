@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from verl_operator.api.plan import RolloutPoolPlan, Violation
 from verl_operator.planner.arith import nearest_divisor, nearest_multiple
-from verl_operator.planner.pools import ARR, DEFAULTS, ModeInputs, Split
+from verl_operator.planner.pool_split import Split
+from verl_operator.planner.pools import ARR, DEFAULTS, ModeInputs
 
 TB = "data.train_batch_size"
 MINI = f"{ARR}.actor.ppo_mini_batch_size"
