@@ -46,7 +46,7 @@ def spec(**sections: Any) -> dict[str, Any]:
             id="entrypoint-not-a-module",
         ),
         pytest.param(
-            spec(verl={"image": "i", "entrypoint": "recipe.one_step_off_policy.main_ppo"}),
+            spec(verl={"image": "i", "entrypoint": "my_trainers.grpo_main"}),
             None,
             None,
             id="entrypoint-another-module",

@@ -93,7 +93,12 @@ def test_the_operator_cannot_write_what_the_launcher_would_refuse() -> None:
         pytest.param(
             {"entrypoint": "recipe.one_step_off_policy.main_ppo"},
             "megatron",
-            ["python3", "-m", "recipe.one_step_off_policy.main_ppo", "--config-name=ppo_megatron_trainer"],
+            [
+                "python3",
+                "-m",
+                "recipe.one_step_off_policy.main_ppo",
+                "--config-name=one_step_off_ppo_megatron_trainer",
+            ],
             id="spec-module-megatron",
         ),
     ],

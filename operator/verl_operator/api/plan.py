@@ -8,10 +8,11 @@ patch drops null members) parses again.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field
 
+from verl_operator.api import limits as L
 from verl_operator.api.base import ApiModel
 
 #: Candidate node names a plan lists (the count is always there): a plan, and the ``status.plan`` that holds
@@ -189,6 +190,79 @@ class TrainingPlan(ApiModel):
     )
 
 
+#: The trainer modes a plan knows: one pool (colocated: verl 0.6's and v1's sync trainer; v1 colocate_async)
+#: or two (v1 separate_async, the fully_async and one_step_off trainers). See ``planner/pools.py``.
+TrainerMode = Literal["sync", "colocate_async", "separate_async", "fully_async", "one_step_off"]
+
+
+class PoolPlan(ApiModel):
+    """One pool of a trainer mode's GPUs (verl's resource pool of ``nnodes x n_gpus_per_node``)."""
+
+    gpus: int = Field(description="GPUs of the pool.")
+    nnodes: int = Field(description="Nodes of the pool (verl's nnodes for it).")
+    gpus_per_node: int = Field(description="GPUs of the pool on each node (verl's n_gpus_per_node for it).")
+    mesh: str = Field(
+        max_length=80,
+        description="The pool's mesh: the trainer's dp/sp (FSDP) or tp/pp/cp/dp (Megatron); rollout tp x dp.",
+    )
+    peak_gib: float | None = Field(
+        default=None, description="Estimated peak memory of one of the pool's GPUs (null: not estimated)."
+    )
+    memory_gib: dict[str, float] = Field(
+        default_factory=dict,
+        max_length=8,
+        description="The parts of the peak: a rollout GPU holds no optimizer, a trainer GPU of a mode without "
+        "hybrid replicas no KV cache.",
+    )
+
+
+class RolloutPoolPlan(PoolPlan):
+    """The standalone rollout pool: inference replicas only (no optimizer, no training state)."""
+
+    tensor_parallel_size: int = Field(description="Rollout TP of each replica (the same as the trainer's).")
+    data_parallel_size: int = Field(default=1, description="Rollout DP inside one replica.")
+    replicas: int = Field(description="Whole replicas the pool holds: gpus // (TP x DP).")
+    idle_gpus: int = Field(
+        default=0, description="GPUs left over by the replicas (verl 0.9 leaves them idle; 0.6 refuses)."
+    )
+
+
+class PoolsPlan(ApiModel):
+    """How a trainer mode uses the job's GPUs: the trainer pool, the rollout pool and the batch invariants.
+
+    Bounded: a fixed set of members and at most a few invariants, whatever the job's size.
+    """
+
+    mode: TrainerMode = Field(description="The trainer mode (trainer.v1.trainer_mode or the entry point's).")
+    entrypoint: str = Field(
+        max_length=L.MAX_MODULE, description="The module verl runs (spec.verl.entrypoint)."
+    )
+    trainer: PoolPlan = Field(description="The trainer pool (actor, reference, critic).")
+    rollout: RolloutPoolPlan | None = Field(
+        default=None, description="The standalone rollout pool (null: the rollout shares the trainer's GPUs)."
+    )
+    nodes: int = Field(description="Nodes of the whole job (both pools).")
+    shared_nodes: bool = Field(
+        default=False,
+        description="Both pools on the same nodes (same node count, their GPUs per node fit one node).",
+    )
+    split: Literal["pinned", "model", "single"] = Field(
+        description=(
+            "Where the split came from: the spec's pool keys (pinned), the throughput model (model), or one "
+            "pool (single)."
+        )
+    )
+    model_rollout_fraction: float | None = Field(
+        default=None,
+        description="The throughput model's balanced share of rollout GPUs (null when not computed).",
+    )
+    invariants: dict[str, int] = Field(
+        default_factory=dict,
+        max_length=8,
+        description="The mode's batch numbers (parameterSyncStep, requireBatches, trainerBatch, ...).",
+    )
+
+
 class Plan(ApiModel):
     """A complete, valid layout of the job on the cluster's GPUs."""
 
@@ -196,8 +270,12 @@ class Plan(ApiModel):
     nodes: list[str] = Field(
         description="The first nnodes candidate nodes (the operator places on free ones)."
     )
-    nnodes: int = Field(description="Nodes (Ray pods) of the job (trainer.nnodes).")
-    gpus_per_node: int = Field(description="GPUs each pod holds (trainer.n_gpus_per_node).")
+    nnodes: int = Field(
+        description="Nodes (Ray pods) of the job (trainer.nnodes; with two pools, both pools' nodes: pools.nodes)."
+    )
+    gpus_per_node: int = Field(
+        description="GPUs each pod holds (trainer.n_gpus_per_node; with two pools, both pools' GPUs of a node)."
+    )
     cpu_per_node: str | None = Field(
         default=None,
         description=(
@@ -226,7 +304,7 @@ class Plan(ApiModel):
             "nodes of one NVLink clique (null in plans of earlier releases)."
         ),
     )
-    world_size: int = Field(description="GPUs in all.")
+    world_size: int = Field(description="GPUs in all (with two pools: the trainer pool's).")
     data_parallel_size: int = Field(description="Data parallel size of the actor.")
     sequence_parallel_size: int = Field(description="Ulysses sequence parallel size.")
     fsdp_size: int = Field(description="FSDP shard group size (-1 = the whole world).")
@@ -239,6 +317,13 @@ class Plan(ApiModel):
     training: TrainingPlan | None = Field(
         default=None,
         description="The training engine and its mesh (null: FSDP, or plans of earlier releases).",
+    )
+    pools: PoolsPlan | None = Field(
+        default=None,
+        description=(
+            "The trainer mode's pools (null: verl's colocated trainer on all GPUs). With two pools the plan's "
+            "own mesh, batching and memory are the trainer pool's."
+        ),
     )
 
 

@@ -215,6 +215,38 @@ def _mesh_rows(plan: Plan) -> list[tuple[str, str]]:
     ]
 
 
+def _pool_rows(plan: Plan) -> list[tuple[str, str]]:
+    """The trainer mode and its pools (none for verl's colocated trainer); the rows after them are the trainer
+    pool's."""
+    pools = plan.pools
+    if pools is None:
+        return []
+    t, r = pools.trainer, pools.rollout
+    rows = [("mode", f"{pools.mode} ({pools.entrypoint})")]
+    if r is None:
+        return rows
+    fraction = f", model {pools.model_rollout_fraction:.0%} rollout" if pools.model_rollout_fraction else ""
+    shared = ", shared" if pools.shared_nodes else ""
+    rows += [
+        ("trainer pool", f"{t.gpus} GPUs = {t.nnodes} x {t.gpus_per_node}, {t.mesh}" + _peak(t.peak_gib)),
+        (
+            "rollout pool",
+            f"{r.gpus} GPUs = {r.nnodes} x {r.gpus_per_node}, {r.mesh}"
+            + (f", {r.idle_gpus} idle" if r.idle_gpus else "")
+            + _peak(r.peak_gib)
+            + (f" (KV cache {r.memory_gib['kvCache']})" if "kvCache" in r.memory_gib else ""),
+        ),
+        ("split", f"{pools.split}{fraction}; {pools.nodes} nodes{shared}"),
+    ]
+    if pools.invariants:
+        rows.append(("invariants", ", ".join(f"{k} {v}" for k, v in pools.invariants.items())))
+    return rows
+
+
+def _peak(gib: float | None) -> str:
+    return f", peak {gib} GiB per GPU" if gib is not None else ""
+
+
 def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
     """The ``name  value`` rows of a feasible plan in the human view.
 
@@ -223,6 +255,7 @@ def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
     b, ro, mem = plan.batching, plan.rollout, plan.memory
     rows = [
         ("verl", plan.verl_version),
+        *_pool_rows(plan),
         ("nodes", f"{plan.nnodes} x {plan.gpus_per_node} GPUs ({plan.node_pool.gpu_product})"),
         ("candidates", candidates_text(plan)),
         *_mesh_rows(plan),

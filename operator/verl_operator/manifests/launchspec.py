@@ -23,6 +23,7 @@ from verl_operator.api.plan import Plan
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.manifests.names import ChildNames
 from verl_operator.planner.mesh import nvlink_group_per_node, pod_cpu
+from verl_operator.planner.pools import megatron_config_name
 
 #: Ray's client server port on the head (``ray://``); not part of the launch contract.
 RAY_CLIENT_PORT = 10001
@@ -37,11 +38,12 @@ MEGATRON_CONFIG_NAME = "ppo_megatron_trainer"
 
 
 def entrypoint(training_engine: str, module: str = DEFAULT_MODULE) -> tuple[str, ...]:
-    """verl's command: ``python3 -m <module>`` (``spec.verl.entrypoint``), with
-    ``--config-name=ppo_megatron_trainer`` for the Megatron engine."""
+    """verl's command: ``python3 -m <module>`` (``spec.verl.entrypoint``), with the module's Megatron config
+    for the Megatron engine: ``--config-name=ppo_megatron_trainer``, or a recipe's own
+    (``fully_async_ppo_megatron_trainer``, ``one_step_off_ppo_megatron_trainer``: ``planner/pools.py``)."""
     command = (*PYTHON_MODULE, module)
     if training_engine == "megatron":
-        return (*command, f"--config-name={MEGATRON_CONFIG_NAME}")
+        return (*command, f"--config-name={megatron_config_name(module)}")
     return command
 
 

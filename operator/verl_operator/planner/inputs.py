@@ -87,6 +87,9 @@ class Problem:
     megatron_sequence_parallel: bool | None = None
     #: The Megatron memory model's offload, recompute and stage-layer options (``megatron_memory.py``).
     megatron_options: MegatronOptions = field(default_factory=MegatronOptions)
+    #: The trainer pool of fully_async / one_step_off: no rollout replica on its GPUs, so the rollout phase's
+    #: memory and KV cache are not the trainer's (planner/job_pools.py; the rollout pool's are checked there).
+    standalone_rollout: bool = False
 
     @property
     def mode(self) -> str:

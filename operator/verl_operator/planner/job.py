@@ -11,6 +11,7 @@ from verl_operator.api.spec import VerlJobSpec
 from verl_operator.planner.budget import Budget, PlanTooLarge, limited, spend
 from verl_operator.planner.cluster import Layout, Pool, cpu_needed, layouts, select
 from verl_operator.planner.facts import NodeFacts, node_facts
+from verl_operator.planner.job_pools import plan_modes
 from verl_operator.planner.mesh import pod_memory
 from verl_operator.planner.report import build_result
 from verl_operator.planner.resolve import Resolved, resolve
@@ -52,7 +53,7 @@ def plan_job(
     budget = budget if budget is not None else Budget()
     try:
         with limited(budget):
-            return _plan(spec, nodes)
+            return plan_modes(spec, nodes, _plan)  # the trainer mode's pools (planner/job_pools.py)
     except PlanTooLarge as exc:
         return _infeasible([too_large(spec, exc)])
 
@@ -73,10 +74,15 @@ def too_large(spec: VerlJobSpec, exc: PlanTooLarge) -> Violation:
     )
 
 
-def _plan(spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any] | NodeFacts]) -> PlanResult:
+def _plan(
+    spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any] | NodeFacts], standalone_rollout: bool = False
+) -> PlanResult:
+    """Plan one pool; ``standalone_rollout``: its GPUs hold no rollout replica (``Problem.standalone_rollout``)."""
     resolved = resolve(spec)
     if isinstance(resolved, list):
         return _infeasible(resolved)
+    if standalone_rollout:
+        resolved = replace(resolved, problem=replace(resolved.problem, standalone_rollout=True))
     if spec.model.dtype == "float16" and spec.verl.version == "0.6" and resolved.problem.needs_critic:
         return _infeasible([_fp16_critic_06()])
     result = _plan_resolved(spec, resolved, nodes)

@@ -432,7 +432,10 @@ def _search_rollout(p: Problem, layout: Layout, fixed: Fixed, m2: Mesh, record: 
                 gmu = 0.05
         m4 = m3.changed(gpu_memory_utilization=gmu)
         est = estimate(_memory_inputs(p, m4))
-        if est.rollout.peak_bytes > p.gpu_memory_bytes or est.kv_cache_tokens < (p.model_len):
+        rollout_here = not p.standalone_rollout  # a standalone rollout pool's memory: planner/job_pools.py
+        if rollout_here and (
+            est.rollout.peak_bytes > p.gpu_memory_bytes or est.kv_cache_tokens < p.model_len
+        ):
             record(_memory(p, m4, est, ("memory-rollout", "kv-cache-max-model-len")), 6)
             continue
         final = rules.check(p, m4)
