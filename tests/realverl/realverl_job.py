@@ -243,7 +243,13 @@ class LocalJob:
         if role == "head":
             argv += [f"--ray-start-arg=--temp-dir={self.ray_tmp}", "--poll-seconds=1"]
         else:
-            argv += ["--retry-seconds=1", "--head-gone-grace-seconds=5"]
+            # A node's own temp dir, as in a pod: with the head's, its log monitor streams the same actor log
+            # files to verl's driver a second time.
+            argv += [
+                f"--ray-start-arg=--temp-dir={self.root / 'w'}",
+                "--retry-seconds=1",
+                "--head-gone-grace-seconds=5",
+            ]
         with log.open("w") as handle:
             proc = subprocess.Popen(
                 argv,

@@ -12,7 +12,7 @@ The patches (numbers as in docs/realverl.md; file and line of verl 0.6.1):
 5. ``verl/workers/fsdp_workers.py`` 150: the backend string ``cpu:gloo,{device}:{nccl backend}`` becomes
    ``cpu:gloo,cpu:gloo``, which ``torch.distributed.init_process_group`` refuses (a device type twice). Here
    the duplicate is dropped.
-6. ``verl/utils/device.py`` 58-65: ``get_torch_device()`` is ``torch.cpu``, which lacks the memory and RNG
+6. ``verl/utils/device.py`` 55-65: ``get_torch_device()`` is ``torch.cpu``, which lacks the memory and RNG
    calls verl makes (``memory_allocated``, ``max_memory_allocated``, ``memory_reserved``,
    ``max_memory_reserved``, ``get_rng_state``, ``set_rng_state``, ``manual_seed``, ``empty_cache``; first at
    ``fsdp_workers.py`` 884 and 612). Here ``torch.cpu`` gets them (memory figures 0, the RNG calls torch's).
