@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: venv demo test lint test-unit test-ray test-cluster test-node test-fidelity bench crds settings clean
+.PHONY: venv demo test lint test-unit test-ray test-realverl test-cluster test-node test-fidelity verl-cpu-job bench crds settings clean
 
 # The product (verl-operator, with the launcher) and its development tooling (tools/: verl-operator-dev),
 # both editable.
@@ -41,6 +41,17 @@ test-unit: venv
 test-ray: venv
 	$(PYTEST) tests/ray
 
+# verl 0.6.1's own trainer runs planned jobs through the launcher on a local two-node Ray, on CPU
+# (docs/realverl.md). Its environment (PyPI's torch, about 3 GB) is built once into the cache.
+test-realverl: venv
+	$(BIN)/python tests/realverl/cpu_env.py
+	$(PYTEST) tests/realverl
+
+# Watch a verl step happen: one tiny job, the head's output as it comes (ALGORITHM=ppo for a critic).
+ALGORITHM ?= grpo
+verl-cpu-job: venv
+	$(BIN)/python tests/realverl/run_job.py --algorithm $(ALGORITHM)
+
 test-cluster: venv
 	$(PYTEST) tests/cluster
 
@@ -53,8 +64,9 @@ test-fidelity: venv
 	$(BIN)/python tests/fidelity/verl_envs.py
 	$(PYTEST) tests/fidelity
 
-# Every tier: pure logic, real local Ray, the real local control plane, real nodes, verl's own config code.
-test: lint test-unit test-ray test-cluster test-node test-fidelity
+# Every tier: pure logic, real local Ray, verl's real trainer on CPU, the real local control plane, real nodes,
+# verl's own config code.
+test: lint test-unit test-ray test-realverl test-cluster test-node test-fidelity
 
 # The planner's typed views of the settings registry (a unit test fails when they drift from the rows).
 settings: venv

@@ -25,7 +25,7 @@ from verl_launcher.ray_cluster import (
     lost_nodes,
     wait_for_cluster,
 )
-from verl_launcher.verl import build_argv, build_env
+from verl_launcher.verl import build_argv, build_env, failure_line
 
 #: Default progress file (``--progress-file`` / ``$VERL_LAUNCHER_PROGRESS_FILE``).
 DEFAULT_PROGRESS_FILE = "/tmp/verl-progress.json"
@@ -249,8 +249,9 @@ def _run_verl(
         where = f"step {tracker.step}" + (f" of {tracker.total_steps}" if tracker.total_steps else "")
         if code == 0:
             return Outcome(ExitCode.SUCCEEDED, f"verl finished at {where}")
-        tail = next((line for line in reversed(verl.last_lines) if line.strip()), "")
-        return Outcome(ExitCode.VERL_FAILED, f"verl exited with code {code} at {where}: {tail}")
+        return Outcome(
+            ExitCode.VERL_FAILED, f"verl exited with code {code} at {where}: {failure_line(verl.last_lines)}"
+        )
     finally:
         if verl.poll() is None:
             verl.stop(options.stop_grace_s)

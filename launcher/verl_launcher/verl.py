@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from verl_contract.launch_spec import LaunchSpec
@@ -18,6 +19,31 @@ VERL_RECOMMENDED_ENV: dict[str, str] = {
     # verl's metric lines must reach the launcher as they are printed, not when a buffer fills.
     "PYTHONUNBUFFERED": "1",
 }
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RAY_PREFIX = re.compile(r"^\(\S+ pid=\d+[^()]*\)\s*")
+#: The last line of a Python traceback, ``ExceptionType: message`` (dotted names, Ray's
+#: ``ray.exceptions.RayTaskError(FileNotFoundError): ...`` too).
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)(?:\([\w.]+\))?: \S")
+
+
+def failure_line(lines: Sequence[str]) -> str:
+    """The line of verl's last output that says why it failed.
+
+    The last exception line of a traceback (``FileNotFoundError: Unable to find '/data/x.parquet'``) when
+    there is one, else the last line that is not empty. verl's entrypoint runs under Hydra, whose error
+    handler ends the output with ``Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack
+    trace.``, after the exception it reports. Ray's ``(Actor pid=...)`` prefix and colours are removed.
+
+    Args:
+        lines: The last lines verl printed, oldest first.
+    """
+    cleaned = [_RAY_PREFIX.sub("", _ANSI.sub("", line).strip()) for line in lines]
+    cleaned = [line for line in cleaned if line]
+    return next(
+        (line for line in reversed(cleaned) if _EXCEPTION.match(line)), cleaned[-1] if cleaned else ""
+    )
 
 
 def override_key(override: str) -> str:

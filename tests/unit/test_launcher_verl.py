@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from verl_contract.launch_spec import LaunchSpec
 from verl_launcher.spec import parse_launch_spec
-from verl_launcher.verl import VERL_RECOMMENDED_ENV, build_argv, build_env, override_key
+from verl_launcher.verl import VERL_RECOMMENDED_ENV, build_argv, build_env, failure_line, override_key
 
 ENTRY = ["python3", "-m", "verl.trainer.main_ppo"]
 
@@ -143,3 +143,41 @@ def test_argv_keeps_overrides_in_order(overrides: list[str], attempt: int, resum
         "trainer.resume_mode=auto" if attempt > 0 or resume else "trainer.resume_mode=disable"
     )
     assert keys.count("trainer.default_local_dir") == 1
+
+
+#: The end of verl 0.6.1's real output for a missing train file (tests/realverl), Hydra's hint last.
+VERL_MISSING_FILE_TAIL = [
+    "\x1b[36m(TaskRunner pid=25258)\x1b[0m Using dataset class: RLHFDataset",
+    "ray.exceptions.RayTaskError(FileNotFoundError): \x1b[36mray::TaskRunner.run()\x1b[39m (pid=25258)",
+    "    raise FileNotFoundError(error_msg)",
+    "FileNotFoundError: Unable to find '/data/absent.parquet'",
+    "",
+    "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
+    "\x1b[36m(WorkerDict pid=3)\x1b[0m [Gloo] Rank 0 is connected to 0 peer ranks.",
+]
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        pytest.param(
+            VERL_MISSING_FILE_TAIL, "FileNotFoundError: Unable to find '/data/absent.parquet'", id="hydra"
+        ),
+        pytest.param(
+            ["(TaskRunner pid=7) omegaconf.errors.ConfigKeyError: Key 'x' is not in struct", "  ", ""],
+            "omegaconf.errors.ConfigKeyError: Key 'x' is not in struct",
+            id="ray-prefix-dotted",
+        ),
+        pytest.param(
+            ["step:1 - a:1", "\x1b[36m(TaskRunner pid=7)\x1b[0m step:2 - a:2"],
+            "step:2 - a:2",
+            id="no-traceback",
+        ),
+        pytest.param(
+            ["Error in my data: not an exception line", "done"], "done", id="prose-is-not-an-exception"
+        ),
+        pytest.param([], "", id="no-output"),
+    ],
+)
+def test_failure_line_names_the_exception(lines: list[str], expected: str) -> None:
+    assert failure_line(lines) == expected
