@@ -42,12 +42,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
     """Find or build the control-plane binaries before the first test, outside any test's timeout.
+
+    Only when tests run: ``pytest --collect-only`` builds and installs nothing.
 
     A cold build takes minutes (see docs/devcluster.md); its progress is shown, not captured.
     """
-    if not any(_is_cluster_test(item) for item in session.items):
+    if session.config.option.collectonly or not any(_is_cluster_test(item) for item in session.items):
         return
     capture = session.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():

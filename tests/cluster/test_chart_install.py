@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -29,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from cluster.polling import wait_for as _wait_for
 from verl_devtools.devcluster import DevCluster, binaries
+from verl_devtools.devcluster.ports import ADDRESS_IN_USE, PortTaken, pick_free_ports, serves_certificate
 from verl_operator.clusters import labels as L
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,13 +52,6 @@ OPERATOR_CMD = [sys.executable, "-m", "verl_operator"]
 def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
     """Chart tests wait longer: an operator start with a ServiceAccount token is slower."""
     return _wait_for(probe, what, timeout=timeout, interval=0.3)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 Run = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -242,38 +235,68 @@ def write_webhook_tls(kube: client.ApiClient, release: Release, directory: Path)
 
 
 def start_operator(
-    kubeconfig: Path, webhook_port: int, tls_dir: Path, log: Path, *scope: str
+    helm: Run, release: Release, kubeconfig: Path, tls_dir: Path, log: Path, *scope: str, attempts: int = 5
 ) -> LocalOperator:
-    health = free_port()
-    argv = [
-        *OPERATOR_CMD,
-        "run",
-        f"--kubeconfig={kubeconfig}",
-        *scope,
-        f"--health-port={health}",
-        f"--webhook-port={webhook_port}",
-        f"--webhook-cert={tls_dir / 'tls.crt'}",
-        f"--webhook-key={tls_dir / 'tls.key'}",
-        "--resync-seconds=1",
-    ]
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    operator = LocalOperator(process, log, health)
+    """The operator running locally, its webhook the one the chart's configuration calls.
 
-    def healthy() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"the operator exited with {process.returncode}:\n{operator.output()}")
+    Its ports are picked free and bound by the process; another program can take one in between (then the
+    API server's review call met a foreign listener: "tls: first record does not look like a TLS handshake").
+    An attempt counts only once the webhook port presents the chart's serving certificate, which proves the
+    operator itself holds it for as long as it runs; a lost race (the bind failed, or another listener
+    answers) stops the attempt, and the next one points the chart's webhook at new ports.
+    """
+    cert = (tls_dir / "tls.crt").read_bytes()
+    for attempt in range(attempts):
+        ports = pick_free_ports(("health", "webhook"))
+        helm(
+            ["upgrade", release.name, str(CHART), "-n", release.namespace, "--reuse-values", "--wait",
+             "--set", f"webhook.url=https://127.0.0.1:{ports['webhook']}"],
+            timeout=180,
+        )  # fmt: skip
+        argv = [
+            *OPERATOR_CMD,
+            "run",
+            f"--kubeconfig={kubeconfig}",
+            *scope,
+            f"--health-port={ports['health']}",
+            f"--webhook-port={ports['webhook']}",
+            f"--webhook-cert={tls_dir / 'tls.crt'}",
+            f"--webhook-key={tls_dir / 'tls.key'}",
+            "--resync-seconds=1",
+        ]
+        env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+        attempt_log = log.with_name(f"{log.stem}-{attempt}{log.suffix}")
+        with attempt_log.open("wb") as out:
+            process = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        operator = LocalOperator(process, attempt_log, ports["health"])
+
+        def serving(operator: LocalOperator = operator, webhook: int = ports["webhook"]) -> bool:
+            if operator.process.poll() is not None:
+                if ADDRESS_IN_USE in operator.output().lower():
+                    raise PortTaken(operator.output())
+                raise AssertionError(
+                    f"the operator exited with {operator.process.returncode}:\n{operator.output()}"
+                )
+            own = serves_certificate(webhook, cert)
+            if own is False:
+                raise PortTaken(f"another program answers on the webhook port {webhook}")
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{operator.health_port}/healthz", timeout=1
+                ) as resp:
+                    return bool(own and resp.status == 200)
+            except OSError:
+                return False
+
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=1) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
-
-    wait_for(healthy, "the operator's health endpoint", 60)
-    return operator
+            wait_for(serving, "the operator's health endpoint and its webhook", 60)
+        except PortTaken:
+            stop_operator(operator)
+            continue
+        return operator
+    raise AssertionError(f"the operator lost the race for its ports {attempts} times")
 
 
 def stop_operator(operator: LocalOperator) -> None:
@@ -298,8 +321,7 @@ def dev_mode(
     helm: Run, devcluster: DevCluster, kube: client.ApiClient, release: Release, tmp_path: Path
 ) -> Iterator[DevMode]:
     """The chart in dev mode and the operator running locally as the chart's ServiceAccount."""
-    webhook_port = free_port()
-    install(helm, release, "deployment.enabled=false", f"webhook.url=https://127.0.0.1:{webhook_port}")
+    install(helm, release, "deployment.enabled=false", "webhook.url=https://127.0.0.1:1")
     tls_dir = write_webhook_tls(kube, release, tmp_path / "tls")
     kubeconfig = sa_kubeconfig(devcluster, kube, release, tmp_path / "operator.kubeconfig")
     # As the chart's pods run it: reconciling only while holding the chart's Lease, through the chart's Role.
@@ -309,7 +331,7 @@ def dev_mode(
         f"--leader-election-id={release.fullname}",
     )
     operator = start_operator(
-        kubeconfig, webhook_port, tls_dir, tmp_path / "operator.log", "--all-namespaces", *election
+        helm, release, kubeconfig, tls_dir, tmp_path / "operator.log", "--all-namespaces", *election
     )
     try:
         yield DevMode(release, operator, kubeconfig)
@@ -521,12 +543,11 @@ def test_watch_namespace_mode_runs_a_job_with_a_role(
     namespace: str,
     tmp_path: Path,
 ) -> None:
-    webhook_port = free_port()
     install(
         helm,
         release,
         "deployment.enabled=false",
-        f"webhook.url=https://127.0.0.1:{webhook_port}",
+        "webhook.url=https://127.0.0.1:1",
         f"watchNamespaces={{{namespace}}}",
     )
     rbac = client.RbacAuthorizationV1Api(kube)
@@ -545,7 +566,7 @@ def test_watch_namespace_mode_runs_a_job_with_a_role(
     tls_dir = write_webhook_tls(kube, release, tmp_path / "tls")
     kubeconfig = sa_kubeconfig(devcluster, kube, release, tmp_path / "operator.kubeconfig")
     operator = start_operator(
-        kubeconfig, webhook_port, tls_dir, tmp_path / "operator.log", f"--namespace={namespace}"
+        helm, release, kubeconfig, tls_dir, tmp_path / "operator.log", f"--namespace={namespace}"
     )
     try:
         name = example_job("grpo-qwen7b-dgx.yaml")

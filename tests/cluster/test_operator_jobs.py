@@ -730,16 +730,71 @@ def _parsed(obj: dict[str, Any]) -> dict[str, Any]:
     return {**obj, "data": parsed} if data else obj
 
 
+def _expected_children(jobs: Jobs, uid: str) -> list[str]:
+    """Where the live children of job ``rend`` (8 GPUs on one DGX node, batch 8 x 8 = 64, n 4) differ from
+    what the spec asks for, written out here from the spec (not from the builders ``render`` shares with the
+    operator): names, ownership, the head pod's command, image and GPUs, the headless Service, the launch
+    contract's layout and the planner's keys for the spec's values."""
+    ns, problems = jobs.ns, []
+    owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VerlJob", "name": "rend", "uid": uid}
+    sa = jobs.core.read_namespaced_service_account("rend-ray", ns)
+    pod = jobs.core.read_namespaced_pod("rend-r0-head", ns)
+    config = jobs.core.read_namespaced_config_map("rend-launch", ns)
+    for obj in (sa, pod, config):
+        (ref,) = obj.metadata.owner_references
+        got = {"apiVersion": ref.api_version, "kind": ref.kind, "name": ref.name, "uid": ref.uid}
+        if got != owner or not ref.controller:
+            problems.append(f"{obj.kind} {obj.metadata.name}: owner {got}")
+    if sa.automount_service_account_token is not False:
+        problems.append("the ServiceAccount mounts its token")
+    container = pod.spec.containers[0]
+    checks = {
+        "command": (container.command, ["verl-launcher", "head"]),
+        "image": (container.image, IMAGE),
+        "gpus": (container.resources.requests.get("nvidia.com/gpu"), "8"),
+        "role": (pod.metadata.labels.get("verl-operator.io/role"), "head"),
+        "node profile": (node_labels(jobs, pod.spec.node_name).get(PROFILE), DGX[PROFILE]),
+    }
+    problems += [
+        f"pod {what}: {got!r}, expected {want!r}" for what, (got, want) in checks.items() if got != want
+    ]
+    services = [
+        s
+        for s in jobs.core.list_namespaced_service(ns).items
+        if s.spec.selector == {"verl-operator.io/job": "rend"}
+    ]
+    if len(services) != 1 or services[0].spec.cluster_ip != "None":
+        problems.append(
+            f"not one headless Service selecting the job's pods: {[s.metadata.name for s in services]}"
+        )
+    launch = json.loads(config.data["launch.json"])
+    layout = (launch["nnodes"], launch["gpusPerNode"], launch["job"]["name"], launch["job"]["namespace"])
+    if layout != (1, 8, "rend", ns):
+        problems.append(f"launch.json layout {layout}")
+    wanted = {
+        "data.train_batch_size=64",
+        "actor_rollout_ref.rollout.n=4",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=8",
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct",
+    }
+    problems += [f"launch.json lacks {key}" for key in sorted(wanted - set(launch["overrides"]))]
+    return problems
+
+
 def test_render_matches_what_the_operator_creates(jobs: Jobs, tmp_path: Path) -> None:
-    """``verl-operator render`` prints the objects the operator creates: every child by kind and name, each
-    field it sets as the API server holds it (but the job's uid, and the node-dependent fields when earlier
-    tests' pods made the operator choose another node); and what the CLI prints reads back as the same."""
+    """The operator creates the children the spec asks for (:func:`_expected_children`, written from the
+    spec); ``verl-operator render`` prints those objects: every child by kind and name, each field it sets as
+    the API server holds it (but the job's uid, and the node-dependent fields when earlier tests' pods made the
+    operator choose another node); and what the CLI prints reads back as the same."""
     from verl_operator.commands.render import render
 
     manifest = job("rend", 8, 8, resources={"nodeSelector": DGX})
     assert jobs.apply(manifest).returncode == 0
     jobs.wait_phase("rend", "Running")
     live_pod = jobs.running_pods("rend", 1)[0]
+    uid = jobs.custom.get_namespaced_custom_object(GROUP, VERSION, jobs.ns, PLURAL, "rend")["metadata"]["uid"]
+    assert _expected_children(jobs, uid) == []
     api = client.ApiClient()
     nodes = [api.sanitize_for_serialization(n) for n in jobs.core.list_node().items]
     rendered = render({**manifest, "metadata": {"name": "rend", "namespace": jobs.ns}}, nodes)

@@ -104,13 +104,18 @@ def python_ray_launcher_recipe() -> imagebuild.Recipe:
     )
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
     """Find or build the binaries and images before the first test, outside any test's timeout.
+
+    Only when tests run: ``pytest --collect-only`` installs and builds nothing.
 
     Cold: the kubelet, kube-proxy and CoreDNS builds, a Debian base from packages and two images (minutes,
     see docs/devcluster.md); warm: file lookups.
     """
-    if not any(_is_node_test(item) for item in session.items) or os.geteuid() != 0:
+    if session.config.option.collectonly or os.geteuid() != 0:
+        return
+    if not any(_is_node_test(item) for item in session.items):
         return
     capture = session.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():

@@ -4,6 +4,7 @@ through the status model's own names."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -94,3 +95,32 @@ def test_the_view_of_a_raw_status_reads_what_the_model_parses(raw: dict[str, Any
     gpus = parsed.placement.gpus_per_node if parsed.placement else None
     assert view.placement_gpus_per_node == (gpus or 0)
     assert view.parsed() == parsed
+
+
+CONTROLLER = Path(__file__).resolve().parents[2] / "operator" / "verl_operator" / "controller"
+
+
+def test_a_part_of_the_status_is_changed_typed() -> None:
+    placement = PlacementStatus(attempt=2, nodes=["n0", "n1"], gpus_per_node=8)
+    released = placement.changed(ungated=True)
+    assert (released.ungated, released.attempt, released.nodes, released.gpus_per_node) == (
+        True,
+        2,
+        ["n0", "n1"],
+        8,
+    )
+    assert placement.ungated is False  # the original is untouched
+    with pytest.raises(ValidationError, match="ungatd"):
+        placement.changed(ungatd=True)  # model_copy(update=...) would have set it without a word
+    with pytest.raises(ValidationError, match="attempt"):
+        placement.changed(attempt="second")
+
+
+def test_the_controller_writes_status_parts_only_through_typed_changes() -> None:
+    untyped = [
+        f"{path.name}:{n}"
+        for path in sorted(CONTROLLER.glob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "model_copy(" in line
+    ]
+    assert untyped == []

@@ -1,6 +1,6 @@
 """Overrides read by Hydra's grammar (``planner/hydra_grammar.py``): casts read as values, sweeps, unknown
 functions, a space before ``=`` and characters Hydra's lexer has no token for refused at admission.
-``tests/fidelity/test_hydra_grammar.py`` compares the same reader with Hydra's own parser."""
+``tests/fidelity/test_fidelity_hydra_grammar.py`` compares the same reader with Hydra's own parser."""
 
 from __future__ import annotations
 

@@ -165,8 +165,32 @@ def test_batch_steps_are_the_sizes_that_divide_over_the_ranks(ranks: int, n: int
     assert divides_over(step * n, ranks) == (step * n >= ranks)
 
 
-def test_a_changed_mesh_is_the_mesh_of_the_changed_settings() -> None:
-    p, s = make_problem(), make_settings()
-    mesh = Mesh.of(p, s)
-    assert mesh.changed(rollout_tp=2) == Mesh.of(p, make_settings(rollout_tp=2))
-    assert mesh.changed(rollout_tp=2).settings.rollout_tp == 2
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        # 8 GPUs, batch 1024 x n 5 = 5120 trajectories, mini 256 x 5 = 1280, TP 2, SP 1: DP 8, 4 replicas,
+        # 1280 / 8 = 160 per GPU, 5120 / 8 = 640 log-prob sequences per GPU.
+        pytest.param({}, (8, 4, 160, 640, 160), id="unchanged"),
+        pytest.param({"rollout_tp": 4}, (8, 2, 160, 640, 160), id="tp4-8/4=2-replicas"),
+        # SP 2: DP 8 / 2 = 4, 1280 / 4 = 320, 5120 / 4 = 1280; the critic's SP is the job's (1): 160.
+        pytest.param({"sequence_parallel_size": 2}, (4, 4, 320, 1280, 160), id="sp2-dp4"),
+        # n 4: 1024 x 4 = 4096 trajectories, mini 256 x 4 = 1024: 1024 / 8 = 128, 4096 / 8 = 512.
+        pytest.param({"rollout_n": 4}, (8, 4, 128, 512, 128), id="n4"),
+    ],
+)
+def test_a_changed_mesh_is_the_mesh_of_the_changed_settings(
+    change: dict[str, int], expected: tuple[int, int, int, int, int]
+) -> None:
+    mesh = Mesh.of(make_problem(), make_settings())
+    new = mesh.changed(**change)
+    got = (
+        new.data_parallel_size,
+        new.rollout_replicas,
+        new.mini_per_gpu,
+        new.log_prob_per_gpu,
+        new.critic_mini_per_gpu,
+    )
+    assert got == expected
+    assert all(getattr(new.settings, k) == v for k, v in change.items())
+    assert new.problem is mesh.problem
+    assert (mesh.data_parallel_size, mesh.rollout_replicas) == (8, 4)  # the original mesh is untouched

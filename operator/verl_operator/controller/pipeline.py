@@ -150,7 +150,7 @@ def status_plan(plan: Plan, spec: VerlJobSpec) -> Plan:
     ]
     if tail:
         out.append(f"{PASSTHROUGH_MARK} count={len(tail)} sha256={_digest(tail)}")
-    return plan if out == full else plan.model_copy(update={"overrides": out})
+    return plan if out == full else plan.changed(overrides=out)
 
 
 def _emitted_candidates(spec: VerlJobSpec) -> list[str]:
@@ -206,6 +206,6 @@ def children_of(
     """
     if status.plan is None or status.placement is None:
         raise ValueError("the job has no plan and placement to build children from")
-    plan = status.plan.model_copy(update={"overrides": launch_overrides(status.plan, spec)})
+    plan = status.plan.changed(overrides=launch_overrides(status.plan, spec))
     launch = LaunchPlan.from_plan(plan, spec, status.placement.nodes, launcher_image)
     return build_children(job, spec, launch, status.attempt)

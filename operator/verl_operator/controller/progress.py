@@ -215,7 +215,7 @@ def follow(
     fresh = progress_of(doc, now)
     due = _due(old, fresh, monitoring.status_interval_seconds, now)
     if due:
-        fresh = fresh.model_copy(update={"advice": _advice(old, doc, advise)})
+        fresh = fresh.changed(advice=_advice(old, doc, advise))
     progress = fresh if due else old
     shown = progress or fresh
     limit = deadline(doc, monitoring.stall)

@@ -226,7 +226,7 @@ def _create(
     )
     assert seen.status.placement is not None  # run() is only called for a placed job
     text = f"{len(wanted)} Ray pods created and released together"
-    placement = seen.status.placement.model_copy(update={"ungated": True})
+    placement = seen.status.placement.changed(ungated=True)
     new = _advance(seen, "Starting", "PodsCreated", text, changes=StatusChange(placement=placement))
     if new.condition("PodsCreatable") is not None:  # what kept the pods from being created has gone
         kept = [c for c in new.conditions if c.type != "PodsCreatable"]

@@ -56,12 +56,10 @@ def bounded_violations(violations: Sequence[Violation]) -> list[Violation]:
     """The first :data:`VIOLATIONS_KEPT` violations, each part bounded, and one that counts the others."""
     parts = VIOLATION_PART_CHARS
     out = [
-        v.model_copy(
-            update={
-                "field": bounded(v.field, parts["field"]),
-                "message": bounded(v.message, parts["message"]),
-                "suggestions": [bounded(s, parts["suggestion"]) for s in v.suggestions[:SUGGESTIONS_KEPT]],
-            }
+        v.changed(
+            field=bounded(v.field, parts["field"]),
+            message=bounded(v.message, parts["message"]),
+            suggestions=[bounded(s, parts["suggestion"]) for s in v.suggestions[:SUGGESTIONS_KEPT]],
         )
         for v in violations[:VIOLATIONS_KEPT]
     ]
@@ -104,9 +102,7 @@ def merge_conditions(old: Sequence[Condition], new: Sequence[Condition]) -> list
         prev = by_type.get(cond.type)
         merged = cond
         if prev is not None and prev.status == cond.status:
-            merged = cond.model_copy(
-                update={"last_transition_time": prev.last_transition_time or cond.last_transition_time}
-            )
+            merged = cond.changed(last_transition_time=prev.last_transition_time or cond.last_transition_time)
         if cond.type not in by_type:
             order.append(cond.type)
         by_type[cond.type] = merged

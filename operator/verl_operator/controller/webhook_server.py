@@ -37,7 +37,7 @@ from typing import Any
 import aiohttp.web
 import kopf
 
-from verl_operator.controller import metrics
+from verl_operator.controller import kopf_private, metrics
 
 log = logging.getLogger("verl_operator.webhook")
 
@@ -93,6 +93,7 @@ class _Listener:
                 runner, self.addr, self.port, ssl_context=self.context, reuse_port=True, reuse_address=True
             )
             self.loop.run_until_complete(site.start())
+            self.port = int(runner.addresses[0][1])  # the bound port (the kernel's pick when 0 was asked)
         except BaseException as exc:  # reported to the starting coroutine
             self.error = exc
             self.started.set()
@@ -137,19 +138,17 @@ class WebhookServer(kopf.WebhookServer):
         pool = ThreadPoolExecutor(max_workers=REVIEW_THREADS, thread_name_prefix="review")
         try:
             while True:
-                cadata, context = self._build_ssl()
+                cadata, context = kopf_private.server_ssl(self)
                 path = self.path.rstrip("/") if self.path else ""
                 app = aiohttp.web.Application(client_max_size=MAX_REVIEW_BYTES)
                 app.add_routes([aiohttp.web.post(f"{path}/{{id:.*}}", self._handler(fn, kopf_loop, pool))])
                 addr = self.addr or None  # None is aiohttp's "any interface"
-                port = self.port or self._allocate_free_port()
-                listener = _Listener(addr, port, context, app)
+                listener = _Listener(addr, self.port or 0, context, app)  # 0: the kernel picks a free port
                 await listener.start()
                 try:
                     schema = "http" if context is None else "https"
-                    host = self.host or self.DEFAULT_HOST or self._get_accessible_addr(self.addr)
                     client_config: dict[str, Any] = {
-                        "url": self._build_url(schema, host, port, self.path or "")
+                        "url": kopf_private.server_url(self, schema, listener.port)
                     }
                     if cadata is not None:
                         client_config["caBundle"] = base64.b64encode(cadata).decode("ascii")
@@ -244,8 +243,7 @@ def _shape_problem(body: Mapping[str, Any], where: str) -> str | None:
 async def _kopf_serve(
     fn: Any, kopf_loop: asyncio.AbstractEventLoop, data: Any, webhook: Any, request: aiohttp.web.Request
 ) -> aiohttp.web.Response:
-    from kopf._core.engines import admission
-
+    ambiguous, unknown, webhook_error = kopf_private.admission_errors()
     headers = dict(request.headers)
     sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
     future = asyncio.run_coroutine_threadsafe(
@@ -253,11 +251,11 @@ async def _kopf_serve(
     )
     try:
         response = await asyncio.wrap_future(future)
-    except admission.AmbiguousResourceError as exc:
+    except ambiguous as exc:
         raise aiohttp.web.HTTPConflict(reason=str(exc) or None) from exc
-    except admission.UnknownResourceError as exc:
+    except unknown as exc:
         raise aiohttp.web.HTTPNotFound(reason=str(exc) or None) from exc
-    except admission.WebhookError as exc:
+    except webhook_error as exc:
         raise aiohttp.web.HTTPBadRequest(reason=str(exc) or None) from exc
     return aiohttp.web.json_response(response)
 

@@ -9,7 +9,7 @@ mode's tokens are matched longest first, the earlier rule winning a tie (ANTLR's
 single run does not take is refused: a sweep (``a,b``, ``choice``, ``range``, ``interval``, ``glob``,
 ``tag``) "requires --multirun"; ``shuffle`` has no fixed result; a function Hydra does not know is unknown.
 The casts ``int``, ``float``, ``str`` and ``bool`` and ``sort`` of a list are evaluated as Hydra does
-(``str(True)`` is ``true``; ``bool('yes')`` is refused). ``tests/fidelity/test_hydra_grammar.py`` compares
+(``str(True)`` is ``true``; ``bool('yes')`` is refused). ``tests/fidelity/test_fidelity_hydra_grammar.py`` compares
 this module with Hydra's own ``OverridesParser`` on a table of overrides.
 """
 

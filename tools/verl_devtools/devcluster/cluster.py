@@ -31,6 +31,7 @@ from verl_devtools.devcluster.errors import DevClusterError
 from verl_devtools.devcluster.instancestate import (
     choose_ports,
     plan_instance_network,
+    ports_of_other_instances,
     read_state,
     saved_network,
     write_state,
@@ -38,12 +39,16 @@ from verl_devtools.devcluster.instancestate import (
 from verl_devtools.devcluster.layout import COMPONENTS, Layout, apiserver_url
 from verl_devtools.devcluster.locking import file_lock
 from verl_devtools.devcluster.nodenet import NodeNetwork
+from verl_devtools.devcluster.ports import ADDRESS_IN_USE, PORT_NAMES, pick_free_ports
 from verl_devtools.devcluster.profiles import DEFAULT_PROFILE, load_profile
 from verl_devtools.devcluster.status import ComponentStatus, DevClusterStatus
 from verl_devtools.devcluster.versions import cache_dir
 from verl_operator.clusters.profile import Profile
 
 __all__ = ["START_TIMEOUT", "DevCluster", "DevClusterError"]
+
+#: Starts of the control plane on new ports after one lost a port to another program between pick and bind.
+PORT_ATTEMPTS = 3
 
 #: Seconds to wait for each component to become healthy (cold start of the API server takes ~10 s).
 START_TIMEOUT = 120.0
@@ -214,17 +219,32 @@ class DevCluster:
         if network is not None:
             realnodes.create_network(network, state)
             self._save_state(state)
-        start_control_plane(
-            layout=self.layout,
-            name=self.name,
-            paths=paths,
-            ports=ports,
-            network=network,
-            state=state,
-            save=lambda: self._save_state(state),
-            timeout=timeout,
-            say=self._say,
-        )
+        # The ports are picked free and bound by each component when it starts: another program can take one
+        # in between. The component then exits on its failed bind ("address already in use"); the lost race
+        # is run again on new ports (every component started by then was stopped), any other failure raised.
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                start_control_plane(
+                    layout=self.layout,
+                    name=self.name,
+                    paths=paths,
+                    ports=ports,
+                    network=network,
+                    state=state,
+                    save=lambda: self._save_state(state),
+                    timeout=timeout,
+                    say=self._say,
+                )
+                return
+            except DevClusterError as exc:
+                if ADDRESS_IN_USE not in str(exc).lower() or attempt == PORT_ATTEMPTS:
+                    raise
+                self._say(f"{str(exc).splitlines()[0]}: a port was taken before it was bound, new ports")
+            ports = pick_free_ports(
+                PORT_NAMES, avoid=ports_of_other_instances(self.layout.base.parent, self.name)
+            )
+            state.update({"ports": ports, "processes": {}})
+            self._save_state(state)
 
     def _stop_processes(self) -> None:
         state = self._state()

@@ -23,7 +23,7 @@ import yaml
 from verl_devtools.devcluster import binaries, gobuild, process
 from verl_devtools.devcluster.health import http_status
 from verl_devtools.devcluster.locking import file_lock
-from verl_devtools.devcluster.ports import pick_free_ports
+from verl_devtools.devcluster.ports import ADDRESS_IN_USE, pick_free_ports
 from verl_devtools.devcluster.tools import KUBERAY, BinaryError, Progress, bin_dir
 from verl_devtools.devcluster.versions import KUBERAY_VERSION, cache_dir
 
@@ -156,20 +156,34 @@ class KubeRayOperator:
             "--enable-leader-election=false",
         ]
 
-    def start(self, timeout: float = 60.0) -> KubeRayOperator:
-        """Start the process and wait until ``/readyz`` answers."""
+    def start(self, timeout: float = 60.0, attempts: int = 3) -> KubeRayOperator:
+        """Start the process and wait until ``/readyz`` answers.
+
+        Its ports are picked free and bound by the process: another program can take one in between; the
+        process then exits on its failed bind ("address already in use") and starts again on new ports.
+        """
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        self.proc = subprocess.Popen(self.argv(), stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        for attempt in range(1, attempts + 1):
+            self._log = self.log_path.open("ab")
+            offset = self._log.tell()
+            env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+            self.proc = subprocess.Popen(self.argv(), stdout=self._log, stderr=subprocess.STDOUT, env=env)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    break
+                if http_status(f"http://127.0.0.1:{self.probe_port}", "/readyz", timeout=1) == 200:
+                    return self
+                time.sleep(0.2)
+            else:
+                raise BinaryError(f"kuberay-operator not ready after {timeout:.0f}s:\n{self.log_tail()}")
+            self._log.close()
+            lost = ADDRESS_IN_USE in self.log_path.read_bytes()[offset:].decode(errors="replace").lower()
+            if not lost or attempt == attempts:
                 raise BinaryError(f"kuberay-operator exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if http_status(f"http://127.0.0.1:{self.probe_port}", "/readyz", timeout=1) == 200:
-                return self
-            time.sleep(0.2)
-        raise BinaryError(f"kuberay-operator not ready after {timeout:.0f}s:\n{self.log_tail()}")
+            ports = pick_free_ports(("metrics", "probe"))
+            self.metrics_port, self.probe_port = ports["metrics"], ports["probe"]
+        raise AssertionError("unreachable")
 
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of the log."""

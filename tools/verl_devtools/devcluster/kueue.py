@@ -36,7 +36,7 @@ from verl_devtools.devcluster.instancestate import ports_of_other_instances, rea
 from verl_devtools.devcluster.kuberay import install_crds
 from verl_devtools.devcluster.layout import Layout
 from verl_devtools.devcluster.locking import file_lock
-from verl_devtools.devcluster.ports import pick_free_ports
+from verl_devtools.devcluster.ports import ADDRESS_IN_USE, PortTaken, pick_free_ports, serves_certificate
 from verl_devtools.devcluster.tools import KUEUE, BinaryError, Progress, bin_dir
 from verl_devtools.devcluster.versions import KUEUE_VERSION, cache_dir
 
@@ -57,6 +57,8 @@ WEBHOOK_GROUPS = frozenset({"", "kueue.x-k8s.io"})
 UNMANAGED_NAMESPACES = ("kube-system", KUEUE_NAMESPACE)
 #: Seconds to wait for the manager's ``/readyz``.
 START_TIMEOUT = 120.0
+#: Starts of the manager on new ports after one lost a port to another program between pick and bind.
+PORT_ATTEMPTS = 3
 #: The state file's key of the running manager.
 STATE_KEY = "kueue"
 #: Where Kueue v0.17's manager reads its metrics server's certificate when its internal certificate
@@ -403,7 +405,47 @@ def start_kueue(
         ca, cert_dir, "tls", "kueue-webhook", server_names=("localhost",), server_ips=("127.0.0.1",)
     )
     avoid = set(state.get("ports", {}).values()) | ports_of_other_instances(layout.base.parent, name)
-    ports = pick_free_ports(("webhook", "metrics", "health"), avoid=avoid)
+    # The ports are picked free and bound by the manager when it starts: another program can take one in
+    # between. The manager then exits on its failed bind, or another listener answers on the webhook port
+    # (not Kueue's certificate); either way that start is stopped and the next one gets new ports. The
+    # webhook configurations are written only once the webhook port is the manager's own.
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        ports = pick_free_ports(("webhook", "metrics", "health"), avoid=avoid)
+        try:
+            run = _start_manager(build, layout, state, home, cert_dir, ports, timeout, say)
+            break
+        except PortTaken as exc:
+            if attempt == PORT_ATTEMPTS:
+                raise BinaryError(f"kueue lost the race for its ports {attempt} times: {exc}") from exc
+            say(f"kueue: {exc}; new ports")
+    pid, log = run.pid, run.log
+    configs = webhook_configurations(
+        build.webhooks.read_text(), ports["webhook"], ca.cert.read_bytes(), f"kueue-{name}"
+    )
+    _apply_webhooks(api, configs)
+    run = KueueRun(pid, run.started, ports, tuple((c["kind"], c["metadata"]["name"]) for c in configs), log)
+    state[STATE_KEY] = run.as_state()
+    write_state(layout, state)
+    say(f"kueue ready (pid {pid}, log {log})")
+    return run
+
+
+def _start_manager(
+    build: KueueBuild,
+    layout: Layout,
+    state: dict[str, Any],
+    home: Path,
+    cert_dir: Path,
+    ports: dict[str, int],
+    timeout: float,
+    say: Progress,
+) -> KueueRun:
+    """Start the manager on ``ports`` and wait until it is ready and serves its webhook with its certificate.
+
+    Raises:
+        PortTaken: A port was taken by another program (the manager stopped).
+        BinaryError: The manager exited or was not ready in time.
+    """
     config_path = home / "config.yaml"
     config_path.write_text(
         yaml.safe_dump(configuration(ports["webhook"], ports["metrics"], ports["health"], cert_dir))
@@ -416,27 +458,29 @@ def start_kueue(
         "--feature-gates=VisibilityOnDemand=false",
     ]
     log = layout.log("kueue")
+    offset = log.stat().st_size if log.exists() else 0
     say(f"starting kueue {KUEUE_VERSION} (webhook 127.0.0.1:{ports['webhook']})")
     pid = process.start(argv, log, home)
     run = KueueRun(pid, process.start_time(pid), ports, (), log)
     state[STATE_KEY] = run.as_state()
     write_state(layout, state)
+    cert = (cert_dir / "tls.crt").read_bytes()
     deadline = time.monotonic() + timeout
-    while http_status(f"http://127.0.0.1:{ports['health']}", "/readyz", timeout=1) != 200:
+    while True:
         if not process.alive(pid, run.started):
+            if ADDRESS_IN_USE in log.read_bytes()[offset:].decode(errors="replace").lower():
+                raise PortTaken(f"a port of {sorted(ports.values())} was in use")
             raise BinaryError(f"kueue exited:\n{process.log_tail(log, 30)}")
+        ready = http_status(f"http://127.0.0.1:{ports['health']}", "/readyz", timeout=1) == 200
+        own = serves_certificate(ports["webhook"], cert) if ready else None
+        if own is False:
+            process.stop(pid, run.started)
+            raise PortTaken(f"another program answers on the webhook port {ports['webhook']}")
+        if own:
+            return run
         if time.monotonic() > deadline:
             raise BinaryError(f"kueue not ready after {timeout:.0f}s:\n{process.log_tail(log, 30)}")
         time.sleep(0.2)
-    configs = webhook_configurations(
-        build.webhooks.read_text(), ports["webhook"], ca.cert.read_bytes(), f"kueue-{name}"
-    )
-    _apply_webhooks(api, configs)
-    run = KueueRun(pid, run.started, ports, tuple((c["kind"], c["metadata"]["name"]) for c in configs), log)
-    state[STATE_KEY] = run.as_state()
-    write_state(layout, state)
-    say(f"kueue ready (pid {pid}, log {log})")
-    return run
 
 
 def stop_kueue(layout: Layout, api: Any | None = None) -> None:

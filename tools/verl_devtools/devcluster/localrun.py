@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from verl_devtools.devcluster import process
 from verl_devtools.devcluster.health import http_get, http_status
-from verl_devtools.devcluster.ports import pick_free_ports
+from verl_devtools.devcluster.ports import ADDRESS_IN_USE, PortTaken, pick_free_ports, serves_certificate
 
 
 class LocalOperatorError(RuntimeError):
@@ -61,14 +61,19 @@ class LocalOperator:
         self.resync_seconds = resync_seconds
         self.serve_webhook = serve_webhook
         self.extra_args = extra_args
+        self.health_port = self.metrics_port = self.webhook_port = 0
+        self.pick_ports()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def pick_ports(self) -> None:
+        """New free ports for health, metrics and the webhook (the process binds them when it starts)."""
         ports = pick_free_ports(("health", "metrics", "webhook"))
         self.health_port, self.metrics_port, self.webhook_port = (
             ports["health"],
             ports["metrics"],
             ports["webhook"],
         )
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
 
     @property
     def log_path(self) -> Path:
@@ -102,23 +107,64 @@ class LocalOperator:
         argv += list(self.extra_args)
         return argv
 
-    def start(self, timeout: float = 60.0) -> LocalOperator:
-        """Start the process and wait until its health endpoint answers."""
+    def start(self, timeout: float = 60.0, attempts: int = 5) -> LocalOperator:
+        """Start the process and wait until it serves: health answers and the webhook port is its own.
+
+        The ports are picked free and bound by the process when it starts; another program can take one in
+        between. The process then exits on its failed bind, or (the webhook) another listener answers in its
+        place; either way this attempt is stopped and the next one starts on new ports. Once this returns, every
+        port is bound by the process itself, so nothing else can answer on it while it runs.
+        """
         self.workdir.mkdir(parents=True, exist_ok=True)
+        for _ in range(attempts):
+            try:
+                return self._start_once(timeout)
+            except PortTaken:
+                self.stop(delete_webhook=False)
+                self.pick_ports()
+        raise LocalOperatorError(
+            f"the operator lost the race for its ports {attempts} times:\n{self.log_tail()}"
+        )
+
+    def _start_once(self, timeout: float) -> LocalOperator:
         self._log = self.log_path.open("ab")
+        offset = self._log.tell()
+        self.ca_path.unlink(missing_ok=True)  # the process writes a new one; never compare with the last one
         self.proc = subprocess.Popen(
             self.argv(), stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if ADDRESS_IN_USE in self.log_path.read_bytes()[offset:].decode(errors="replace").lower():
+                    raise PortTaken(self.log_tail())
                 raise LocalOperatorError(
                     f"the operator exited with {self.proc.returncode}:\n{self.log_tail()}"
                 )
-            if self.healthy():
+            if self.healthy() and self.webhook_is_own():
                 return self
             time.sleep(0.2)
         raise LocalOperatorError(f"the operator did not become healthy in {timeout}s:\n{self.log_tail()}")
+
+    def webhook_is_own(self) -> bool:
+        """True when the webhook port presents this process's certificate (or no webhook is served).
+
+        Raises:
+            PortTaken: Another program answers on the webhook port.
+        """
+        if not (self.webhook_name or self.serve_webhook):
+            return True
+        try:
+            cert = self.ca_path.read_bytes()
+        except OSError:
+            return False  # not written yet
+        try:
+            own = serves_certificate(self.webhook_port, cert)
+        except ValueError:
+            return False  # the file is being written
+        if own is False:
+            raise PortTaken(f"another program answers on the webhook port {self.webhook_port}")
+        return bool(own)
 
     def healthy(self) -> bool:
         """True when ``/healthz`` answers 200."""

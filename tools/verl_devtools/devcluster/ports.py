@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 from collections.abc import Iterable
 
 #: The listening sockets of one instance.
@@ -72,3 +73,42 @@ def listening(ports: Iterable[int], host: str = "127.0.0.1") -> list[int]:
             if sock.connect_ex((host, port)) == 0:
                 open_ports.append(port)
     return open_ports
+
+
+#: What a server's log says when its port was taken between the pick and its bind (Python's and Go's errno text).
+ADDRESS_IN_USE = "address already in use"
+
+
+class PortTaken(RuntimeError):
+    """A port picked for a server was taken by another program before the server bound it (a lost race)."""
+
+
+def serves_certificate(
+    port: int, cert_pem: bytes, host: str = "127.0.0.1", timeout: float = 1.0
+) -> bool | None:
+    """Whether the listener on ``host:port`` is the server holding ``cert_pem``.
+
+    A port picked free and bound later can be taken in between by another program; a server that lost that race
+    exits (its bind fails) while the other program answers on the port. Comparing the certificate presented in
+    the TLS handshake with the server's own tells the two apart before anything is sent to the port.
+
+    Returns:
+        True: the listener presents this certificate. False: another listener answers (another certificate, or
+        not TLS at all: "first record does not look like a TLS handshake"). None: nothing listens yet.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # identity is checked below, by comparing the certificate itself
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError:
+        return None
+    with sock:
+        try:
+            with context.wrap_socket(sock) as tls:
+                presented = tls.getpeercert(binary_form=True)
+        except (ssl.SSLError, OSError):
+            return False
+    end = "-----END CERTIFICATE-----"
+    first = cert_pem.decode("ascii").split(end)[0].strip() + "\n" + end  # the leaf, of a file with its chain
+    return presented == ssl.PEM_cert_to_DER_cert(first)

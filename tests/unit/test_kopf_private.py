@@ -1,14 +1,46 @@
-"""kopf's start-up barrier (``controller/kopf_toggles.py``) on kopf's own ``ToggleSet``: the waiters are released
+"""kopf's start-up barrier (``controller/kopf_private.py``) on kopf's own ``ToggleSet``: the waiters are released
 exactly when the set's state flips, with a notification per flip instead of one per toggle."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
+import tomllib
+from pathlib import Path
 from typing import Any
 
-from kopf._cogs.aiokits.aiotoggles import ToggleSet
+import pytest
+from packaging.requirements import Requirement
 
-from verl_operator.controller import kopf_toggles
+from verl_operator.controller import kopf_private
+
+ToggleSet = kopf_private.toggle_set_class()
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def test_the_installed_kopf_is_in_the_pinned_range_with_an_upper_bound() -> None:
+    (line,) = [
+        d for d in tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"] if d.startswith("kopf")
+    ]
+    requirement = Requirement(line)
+    assert any(spec.operator in ("<", "<=", "==", "~=") for spec in requirement.specifier), line
+    assert requirement.specifier.contains(importlib.metadata.version("kopf")), line
+
+
+def test_kopf_has_every_private_name_and_signature_relied_on() -> None:
+    assert kopf_private.problems() == [], "kopf changed:\n" + "\n".join(kopf_private.problems())
+
+
+def test_a_changed_kopf_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kopf
+    from kopf._core.engines import admission
+
+    monkeypatch.delattr(admission, "UnknownResourceError")
+    monkeypatch.setattr(kopf.WebhookServer, "_build_url", staticmethod(lambda schema, host, port: ""))
+    assert kopf_private.problems() == [
+        "kopf._core.engines.admission.UnknownResourceError: missing",
+        "kopf.WebhookServer._build_url: no parameter path (has ['host', 'port', 'schema'])",
+    ]
 
 
 def _count_notifies(toggles: Any) -> list[int]:
@@ -24,7 +56,7 @@ def _count_notifies(toggles: Any) -> list[int]:
 
 
 def test_the_barrier_opens_when_the_last_object_is_indexed_with_two_notifications() -> None:
-    assert kopf_toggles.install() and kopf_toggles.install()  # once; a second call changes nothing
+    assert kopf_private.install() and kopf_private.install()  # once; a second call changes nothing
 
     async def main() -> tuple[int, int, list[bool]]:
         barrier = ToggleSet(all)  # kopf's operator_indexed: on when empty, off while any toggle is in it
@@ -53,7 +85,7 @@ def test_the_barrier_opens_when_the_last_object_is_indexed_with_two_notification
 
 
 def test_an_any_set_still_wakes_on_each_flip() -> None:
-    kopf_toggles.install()
+    kopf_private.install()
 
     async def main() -> list[str]:
         paused = ToggleSet(any)  # kopf's operator_paused: on while any toggle is on
