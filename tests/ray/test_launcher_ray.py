@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -159,3 +163,61 @@ def test_sigterm_stops_verl_and_ray(ray_env: Env) -> None:
     status = Path(f"/proc/{verl_pid}/status")
     assert not status.exists() or "zombie" in status.read_text()
     assert not launcher_cluster.pids_with(str(ray_env.ray_tmp))  # no Ray process of this head is left
+
+
+@pytest.mark.parametrize(
+    ("taken", "nnodes"),
+    [pytest.param("gcs", 2, id="gcs-port-with-a-worker"), pytest.param("client", 1, id="ray-client-port")],
+)
+def test_a_head_port_taken_before_ray_binds_it_starts_the_nodes_on_new_ports(
+    ray_env: Env, taken: str, nnodes: int
+) -> None:
+    """Another program listens on a port picked for the head (its GCS port, which the worker joins, or its Ray
+    Client server port) before Ray binds it: the head and the worker start again on new ports and the job runs."""
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))
+        listener.listen()
+        held = listener.getsockname()[1]
+        if taken == "gcs":
+            ray_env.port = held
+        else:
+            ray_env.client_port = held
+        ray_env.spec(nnodes=nnodes)
+        workers = [ray_env.start("worker", f"w-{i}") for i in range(1, nnodes)]
+        head = ray_env.start("head", "h-0")
+        assert head.wait(180) == 0, head.output()
+    assert [race[taken] for race in ray_env.lost_races] == [held]
+    assert held not in (ray_env.port, ray_env.client_port)
+    assert json.loads((ray_env.root / "launch.json").read_text())["head"]["port"] == ray_env.port
+    for worker in workers:
+        assert worker.wait(60) == 0, worker.output()
+
+
+def test_a_port_is_ours_only_when_a_process_of_the_tree_listens_on_it() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        assert launcher_cluster.port_holder(port, {os.getpid()}) is None  # bound, not listening
+        listener.listen()
+        assert launcher_cluster.port_holder(port, {os.getpid()}) == "ours"
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert launcher_cluster.port_holder(port, launcher_cluster._descendants(child.pid)) == "foreign"
+            assert os.getpid() not in launcher_cluster._descendants(child.pid)
+        finally:
+            child.kill()
+            child.wait()
+
+
+@pytest.mark.parametrize(
+    ("line", "lost"),
+    [
+        pytest.param("Check failed: server_ Failed to start the grpc server. The specified port is 41851. This", True,
+                     id="gcs"),
+        pytest.param("RuntimeError: Failed to bind to address 127.0.0.1:41851; set GRPC_VERBOSITY", True, id="client"),
+        pytest.param("Failed to bind to address 127.0.0.1:418510; set", False, id="other-port"),
+        pytest.param("The specified port is 4185.", False, id="prefix-port"),
+    ],
+)  # fmt: skip
+def test_rays_bind_failures_are_read_for_the_picked_port(line: str, lost: bool) -> None:
+    assert launcher_cluster.lost_bind(f"[ray-head] {line}\n", 41851) is lost

@@ -27,7 +27,14 @@ from verl_operator.planner import plan_job
 REPO = Path(__file__).resolve().parents[2]
 SHIM_DIR = Path(__file__).resolve().parent / "cpu_shim"
 sys.path.insert(0, str(REPO / "tests" / "ray"))
-from launcher_cluster import FAST_RAY_ENV, free_ports, node_args, pids_with  # noqa: E402
+from launcher_cluster import (  # noqa: E402
+    FAST_RAY_ENV,
+    PORT_TRIES,
+    free_ports,
+    head_ports_outcome,
+    node_args,
+    pids_with,
+)
 from launcher_cluster import _kill_group as kill_group  # noqa: E402
 
 #: Configuration verl needs on CPU (docs/realverl.md, items 2-3), given as the job's spec.overrides: FSDP2
@@ -184,6 +191,7 @@ class LocalJob:
     root: Path
     python: Path
     port: int = field(default_factory=lambda: free_ports(1)[0])
+    client_port: int = field(default_factory=lambda: free_ports(1)[0])  # the head's Ray Client server
     nodes: list[Node] = field(default_factory=list)
 
     @property
@@ -238,7 +246,7 @@ class LocalJob:
             # verl's TaskRunner takes 1 CPU, each worker's placement bundle 1 CPU and 1 GPU.
             "--num-cpus=2",
             "--stop-grace-seconds=10",
-            *node_args(head=role == "head"),
+            *node_args(head=role == "head", client_port=self.client_port),
         ]
         if role == "head":
             argv += [f"--ray-start-arg=--temp-dir={self.ray_tmp}", "--poll-seconds=1"]
@@ -276,6 +284,7 @@ class LocalJob:
                 kill_group(node.proc.pid)
         for text in (
             str(self.ray_tmp),
+            str(self.root / "w"),
             f"--address=127.0.0.1:{self.port}",
             f"-address=127.0.0.1:{self.port}",
         ):
@@ -284,10 +293,26 @@ class LocalJob:
                     kill_group(pid)
 
 
+def start_two_nodes(job: LocalJob, spec: LaunchSpec) -> tuple[Node, Node]:
+    """Start a worker and the head for ``spec``; return (head, worker) once the head's Ray holds its GCS and
+    Ray Client ports (or the head exited). A port taken by another program before Ray bound it stops both and
+    starts them again on new ports (``PORT_TRIES``; ``tests/ray/launcher_cluster.py`` tells a lost race)."""
+    for _ in range(PORT_TRIES):
+        job.write_spec(spec)
+        worker = job.start("worker", "w-1")
+        head = job.start("head", "h-0")
+        ports = {"gcs": job.port, "client": job.client_port}
+        if head_ports_outcome(head.proc, head.log, ports) != "lost":
+            break
+        print(f"--- the head lost a port race on {ports}; starting both nodes again on new ports ---")
+        job.stop()
+        job.nodes.clear()
+        job.port, job.client_port = free_ports(2)
+    return head, worker
+
+
 def run_two_nodes(job: LocalJob, spec: LaunchSpec, timeout: float) -> tuple[Node, Node]:
     """Start a worker and the head for ``spec``; wait for the head to end; return (head, worker)."""
-    job.write_spec(spec)
-    worker = job.start("worker", "w-1")
-    head = job.start("head", "h-0")
+    head, worker = start_two_nodes(job, spec)
     head.proc.wait(timeout)
     return head, worker

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import cpu_env
-from realverl_job import LocalJob, job_spec, plan
+from realverl_job import LocalJob, job_spec, plan, start_two_nodes
 
 
 def main(argv: list[str]) -> int:
@@ -37,9 +37,7 @@ def main(argv: list[str]) -> int:
         flush=True,
     )
     try:
-        job.write_spec(spec)
-        job.start("worker", "w-1")
-        head = job.start("head", "h-0")
+        head, _ = start_two_nodes(job, spec)
         with head.log.open(errors="replace") as log:
             while True:  # follow the head's log until the launcher exits
                 chunk = log.read()

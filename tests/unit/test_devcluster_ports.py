@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verl_devtools.devcluster.errors import RealNodeError
 from verl_devtools.devcluster.ports import (
     PORT_NAMES,
     listening,
@@ -20,6 +21,7 @@ from verl_devtools.devcluster.ports import (
     port_is_free,
     serves_certificate,
 )
+from verl_devtools.devcluster.realnodes import retry_on_taken_ports
 from verl_operator.controller.webhook import write_self_signed
 
 
@@ -91,3 +93,71 @@ def test_a_listener_is_told_apart_by_its_certificate(tmp_path: Path, listener: i
         closed.bind(("127.0.0.1", 0))
         nothing = int(closed.getsockname()[1])  # bound, not listening: connections are refused
         assert serves_certificate(nothing, own_cert.read_bytes()) is None
+
+
+class _Server:
+    """What an agent does with its port: bind it, or exit with Go's bind error when another program holds it."""
+
+    def __init__(self, node_ports: dict[str, int], key: str, fail_with: str | None = None) -> None:
+        self.node_ports, self.key, self.fail_with = node_ports, key, fail_with
+        self.bound: list[socket.socket] = []
+        self.starts = 0
+
+    def __call__(self) -> None:
+        self.starts += 1
+        if self.fail_with is not None:
+            raise RealNodeError(f"kubelet of real-0 exited during start; last lines:\n{self.fail_with}")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        port = self.node_ports[self.key]
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            sock.close()
+            raise RealNodeError(
+                f"kubelet of real-0 exited during start; last lines:\n"
+                f'E1206 "Failed to listen and serve" err="listen tcp 127.0.0.1:{port}: bind: {exc.strerror}"'
+            ) from exc
+        sock.listen()
+        self.bound.append(sock)
+
+
+KUBELET_KEYS = ["real-0_kubelet", "real-0_healthz"]
+
+
+def test_a_kubelet_whose_port_was_taken_starts_again_on_new_ports() -> None:
+    node_ports = pick_free_ports([*KUBELET_KEYS, "dns_ready"])
+    before = dict(node_ports)
+    saved: list[dict[str, int]] = []
+    server = _Server(node_ports, "real-0_kubelet")
+    with socket.socket(
+        socket.AF_INET, socket.SOCK_STREAM
+    ) as other:  # another program took the kubelet's port
+        other.bind(("127.0.0.1", before["real-0_kubelet"]))
+        other.listen()
+        retry_on_taken_ports(
+            server, node_ports, KUBELET_KEYS, avoid={1}, save=lambda: saved.append(dict(node_ports))
+        )
+    try:
+        assert server.starts == 2 and len(server.bound) == 1
+        assert server.bound[0].getsockname()[1] == node_ports["real-0_kubelet"] != before["real-0_kubelet"]
+        assert node_ports["real-0_healthz"] != before["real-0_healthz"]
+        assert node_ports["dns_ready"] == before["dns_ready"]  # the other agents keep theirs
+        assert saved == [node_ports]  # the new ports are in the state before the second start
+    finally:
+        for sock in server.bound:
+            sock.close()
+
+
+@pytest.mark.parametrize(
+    ("failure", "starts"),
+    [
+        pytest.param("listen tcp 127.0.0.1:1: bind: address already in use", 3, id="taken-at-every-try"),
+        pytest.param("failed to run Kubelet: unable to load bootstrap kubeconfig", 1, id="another-failure"),
+    ],
+)
+def test_a_kubelet_failure_is_raised_after_the_tries_or_at_once(failure: str, starts: int) -> None:
+    node_ports = pick_free_ports(KUBELET_KEYS)
+    server = _Server(node_ports, "real-0_kubelet", fail_with=failure)
+    with pytest.raises(RealNodeError, match=failure.split(":")[0]):
+        retry_on_taken_ports(server, node_ports, KUBELET_KEYS, avoid=set(), save=lambda: None)
+    assert server.starts == starts

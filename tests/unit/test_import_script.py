@@ -197,8 +197,10 @@ def test_the_fully_async_script_keeps_its_module_and_config() -> None:
     assert "--config-name=fully_async_dapo_trainer.yaml" in spec["overrides"]
     assert spec["model"]["path"] == "/home/user/verl/shared/models/Qwen3-30B-A3B-Base"
     assert {"name": "VLLM_USE_V1", "value": "1"} in spec["env"]
-    assert spec["resources"] == {"gpus": 16, "gpusPerNode": 8}
-    assert any("rollout pool (rollout.nnodes=2 x rollout.n_gpus_per_node=8)" in w for w in imported.warnings)
+    # Both pools: trainer.nnodes 2 x trainer.n_gpus_per_node 8 + rollout.nnodes 2 x rollout.n_gpus_per_node 8.
+    assert spec["resources"] == {"gpus": 32}
+    assert {"trainer.nnodes=2", "trainer.n_gpus_per_node=8", "rollout.nnodes=2"} <= set(spec["overrides"])
+    assert not any("rollout pool" in w for w in imported.warnings)
     assert not any("${HOME}" in w for w in imported.warnings)
 
 
@@ -206,7 +208,9 @@ def _baseline(imported: dict[str, Any], script: str) -> VerlJobSpec:
     """The script's own overrides planned directly: bash's reading of the command (unset variables empty and
     their ``key=`` dropped, as the fidelity corpus reads verl's scripts), GPUs from its trainer keys."""
     (found,) = [
-        i for i in launch.invocations(script, Shell(ENVIRONMENT)) if i.module == "verl.trainer.main_ppo"
+        i
+        for i in launch.invocations(script, Shell(ENVIRONMENT))
+        if i.module == imported["spec"]["verl"]["entrypoint"]
     ]
     split = launch.hydra_args(found.args)
     overrides = ([f"--config-name={split.config_name}"] if split.config_name else []) + split.overrides
@@ -216,11 +220,14 @@ def _baseline(imported: dict[str, Any], script: str) -> VerlJobSpec:
         return values[-1] if values else None
 
     nnodes, per_node = int(last("trainer.nnodes") or 1), int(last("trainer.n_gpus_per_node") or 8)
+    rollout = 0  # the recipes' standalone rollout pool (verl's fully_async / one_step_off configs: rollout.*)
+    if imported["spec"]["verl"]["entrypoint"] != "verl.trainer.main_ppo":
+        rollout = int(last("rollout.nnodes") or 0) * int(last("rollout.n_gpus_per_node") or per_node)
     return VerlJobSpec.model_validate(
         {
             "verl": imported["spec"]["verl"],
             "model": {"path": last("actor_rollout_ref.model.path")},
-            "resources": {"gpus": nnodes * per_node},
+            "resources": {"gpus": nnodes * per_node + rollout},
             "overrides": overrides,
         }
     )
@@ -252,6 +259,8 @@ def _same_value(override: str) -> str:
         pytest.param("grpo-run_qwen2-7b_math_megatron_lora.sh", "0.9", id="megatron-lora"),
         pytest.param("v0.6.1-ppo-run_gemma.sh", "0.6", id="v0.6.1-gemma"),
         pytest.param("gspo-test_gspo_3b_math.sh", "0.9", id="gspo-with-nodes-set"),
+        pytest.param("fully_async-dapo_30b_a3b_base_math_fsdp.sh", "0.9", id="fully-async-two-pools"),
+        pytest.param("one_step_off-grpo_3b_gsm8k_fsdp2_2_6.sh", "0.9", id="one-step-off-pools-on-one-node"),
     ],
 )
 def test_the_imported_job_plans_as_the_scripts_overrides(name: str, verl_version: str) -> None:
@@ -276,6 +285,7 @@ def test_the_imported_job_plans_as_the_scripts_overrides(name: str, verl_version
         )
         assert ours.plan.batching == theirs.plan.batching
         assert (ours.plan.nnodes, ours.plan.gpus_per_node) == (theirs.plan.nnodes, theirs.plan.gpus_per_node)
+        assert ours.plan.pools == theirs.plan.pools
 
 
 def test_the_command_line_writes_yaml_and_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

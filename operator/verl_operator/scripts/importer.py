@@ -8,7 +8,8 @@ its arguments, command substitutions), then turned into a VerlJob:
 - ``spec.model.path``, ``spec.algorithm``, ``spec.data`` (files, batch size, lengths): from their verl keys
   (the settings registry's spelling of each) when the value is a plain one of the field's type;
 - ``spec.resources.gpus`` = ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` (verl's defaults 1 and 8 when the
-  script sets neither), ``gpusPerNode`` = ``trainer.n_gpus_per_node``;
+  script sets neither), ``gpusPerNode`` = ``trainer.n_gpus_per_node``; a two-pool trainer mode (fully_async,
+  one_step_off, v1 separate_async) adds its rollout pool's GPUs and keeps both pools' keys in the overrides;
 - ``spec.env``: the variables the script exports (and ``VAR=x`` before the command);
 - ``spec.overrides``: every other override in the script's order (Hydra's last-wins order kept), with
   ``--config-name`` as pasted (the planner reads it);
@@ -27,9 +28,11 @@ from typing import Any
 import yaml
 
 from verl_operator.api.settings_registry import SETTINGS
-from verl_operator.api.spec import SUPPORTED_VERL_VERSIONS, Algorithm, VerlJob
+from verl_operator.api.spec import SUPPORTED_VERL_VERSIONS, Algorithm, VerlJob, VerlJobSpec
 from verl_operator.planner.hydra_grammar import GrammarError, parse_value
 from verl_operator.planner.overrides import OverrideError, parse_override
+from verl_operator.planner.pool_split import Split
+from verl_operator.planner.pools import ROLLOUT_POOL_KEYS, ModeInputs, read_mode
 from verl_operator.scripts import launch
 from verl_operator.scripts.shell import Shell, Unsupported, placeholders
 
@@ -259,12 +262,13 @@ def _job(
             moved.add(setting)
             notes.used(str(value), f"spec.{'.'.join(path)}")
     nnodes, per_node = (_count(last, s, shell, notes) for s in ("nnodes", "n_gpus_per_node"))
-    spec["resources"] = {
-        "gpus": (nnodes or VERL_DEFAULT_NNODES) * (per_node or VERL_DEFAULT_GPUS_PER_NODE),
-        "gpusPerNode": per_node or VERL_DEFAULT_GPUS_PER_NODE,
-    }
-    moved.update(s for s, v in (("nnodes", nnodes), ("n_gpus_per_node", per_node)) if v is not None)
-    _rollout_pool(args.overrides, notes)
+    trainer_nnodes, trainer_gpn = nnodes or VERL_DEFAULT_NNODES, per_node or VERL_DEFAULT_GPUS_PER_NODE
+    split = _two_pools([raw for raw, _ in parsed], spec["verl"], trainer_nnodes, trainer_gpn, notes)
+    if split is None:
+        spec["resources"] = {"gpus": trainer_nnodes * trainer_gpn, "gpusPerNode": trainer_gpn}
+        moved.update(s for s, v in (("nnodes", nnodes), ("n_gpus_per_node", per_node)) if v is not None)
+    else:  # the trainer pool's keys stay in the overrides, where the planner reads both pools
+        spec["resources"] = {"gpus": split.trainer_gpus + split.rollout_gpus}
     if "model_path" not in moved:
         spec.setdefault("model", {})["path"] = "REPLACE-WITH-THE-MODEL"
         notes.warn("spec.model.path: the script sets no plain actor_rollout_ref.model.path")
@@ -326,25 +330,35 @@ def _count(last: Mapping[str, tuple[int, Any]], setting: str, shell: Shell, note
     return None
 
 
-#: Where verl's asynchronous trainers size a rollout pool of its own (fully_async: ``rollout.*``; the v1
-#: trainer and one_step_off: ``actor_rollout_ref.rollout.*``).
-ROLLOUT_POOL_KEYS = (
-    ("rollout.nnodes", "rollout.n_gpus_per_node"),
-    ("actor_rollout_ref.rollout.nnodes", "actor_rollout_ref.rollout.n_gpus_per_node"),
-)
+def _two_pools(
+    overrides: Sequence[str], verl: Mapping[str, str], trainer_nnodes: int, trainer_gpn: int, notes: _Notes
+) -> Split | None:
+    """Both pools of a two-pool trainer mode (fully_async, one_step_off, v1 separate_async) as the planner reads
+    them (``pools.read_mode``: the entry point, ``trainer.v1.trainer_mode`` and the mode's rollout pool keys);
+    None for a colocated mode or a rollout pool the script does not size.
 
-
-def _rollout_pool(overrides: Sequence[str], notes: _Notes) -> None:
-    """A warning when the script sizes a rollout pool besides the trainer's: ``spec.resources.gpus`` counts
-    the trainer's GPUs only (the overrides keep the pool's keys)."""
-    last = {_key_of(o): o.split("=", 1)[1] for o in overrides if "=" in o}
-    for nodes_key, gpus_key in ROLLOUT_POOL_KEYS:
-        if nodes_key in last or gpus_key in last:
-            notes.warn(
-                f"the script sizes a rollout pool ({nodes_key}={last.get(nodes_key, '-')} x "
-                f"{gpus_key}={last.get(gpus_key, '-')}): spec.resources.gpus counts trainer.nnodes x "
-                "trainer.n_gpus_per_node only; add the pool's GPUs to it"
-            )
+    The job's GPUs are both pools' (``Split``): ``trainer.nnodes x trainer.n_gpus_per_node`` plus the rollout
+    pool's nodes x GPUs per node, whose GPUs per node are the trainer's when unset (as the planner fills them).
+    Example: verl's ``dapo_30b_a3b_base_math_fsdp.sh`` (fully_async): 2 x 8 trainer + 2 x 8 rollout = 32.
+    """
+    try:
+        probe = VerlJobSpec.model_validate(
+            {"verl": verl, "model": {"path": "-"}, "resources": {"gpus": 1}, "overrides": list(overrides)}
+        )
+    except ValueError:
+        return None  # the whole job's validation names the problem
+    inputs: ModeInputs = read_mode(probe)[0]
+    if not inputs.two_pools:
+        return None
+    nodes_key, gpus_key = ROLLOUT_POOL_KEYS[inputs.mode]
+    rollout_nnodes, rollout_gpn = inputs.get(nodes_key), inputs.get(gpus_key)
+    if rollout_nnodes is None or rollout_nnodes < 1 or (rollout_gpn is not None and rollout_gpn < 1):
+        notes.warn(
+            f"{inputs.mode}: the script does not size its rollout pool ({nodes_key}, {gpus_key}): "
+            "spec.resources.gpus counts the trainer pool only; add the rollout pool's GPUs to it"
+        )
+        return None
+    return Split(trainer_nnodes, trainer_gpn, rollout_nnodes, rollout_gpn or trainer_gpn)
 
 
 def _config_options(args: launch.HydraArgs, notes: _Notes) -> list[str]:

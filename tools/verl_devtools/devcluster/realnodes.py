@@ -11,7 +11,7 @@ link are in :mod:`verl_devtools.devcluster.nodehost`; the agents' process bookke
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ from verl_devtools.devcluster.nodehost import (
 )
 from verl_devtools.devcluster.nodenet import NodeNetwork
 from verl_devtools.devcluster.nodeteardown import stop
-from verl_devtools.devcluster.ports import pick_free_ports
+from verl_devtools.devcluster.ports import ADDRESS_IN_USE, pick_free_ports
 from verl_operator.clusters import labels as L
 from verl_operator.clusters.profile import Profile, gpu_labels
 
@@ -67,6 +67,8 @@ __all__ = [
     "write_node_pki",
 ]
 
+#: Starts of a kubelet whose port was taken between the pick and its bind (each start on new ports).
+PORT_TRIES = 3
 #: Seconds for a node to register Ready.
 NODE_READY_TIMEOUT = 90.0
 #: Seconds for a node's containerd to answer ``ctr version`` after its start (it starts in about a second).
@@ -141,8 +143,19 @@ def start(
     save()
     run = _Run(layout, name, network, ports, node_ports, state, save, api, paths, cni_dir, resolv)
     labels = node_labels(profile, gpus)
-    for node in _real_nodes(layout, network, names, node_ports):
-        _start_node(run, node, archives, labels, gpus)
+    for index, node_name in enumerate(names):
+
+        def start_node(index: int = index) -> None:
+            node = _real_nodes(layout, network, names, node_ports)[index]  # the node's current ports
+            _start_node(run, node, archives, labels, gpus)
+
+        retry_on_taken_ports(
+            start_node,
+            node_ports,
+            [f"{node_name}_kubelet", f"{node_name}_healthz"],
+            set(ports.values()),
+            save,
+        )
     if not agent_running(state, "kube-proxy"):
         _start_kube_proxy(run, names[0])
     if not agent_running(state, "coredns"):
@@ -230,6 +243,36 @@ def _node_ports(state: dict[str, Any], names: list[str], ports: dict[str, int]) 
     return node_ports
 
 
+def retry_on_taken_ports(
+    start: Callable[[], None],
+    node_ports: dict[str, int],
+    keys: Sequence[str],
+    avoid: set[int],
+    save: Callable[[], None],
+    tries: int = PORT_TRIES,
+) -> None:
+    """Run ``start``; when it fails because a port of ``keys`` was taken since the pick (the agent exited on
+    its bind: "address already in use" in the error's log tail), pick new ports for ``keys`` (apart from
+    ``avoid`` and the other agents' ports), save them and start again, ``tries`` starts in all.
+
+    A kubelet exits when its port is taken; its node's containerd keeps running (``_start_node`` starts only
+    what is not running).
+
+    Raises:
+        RealNodeError: another failure, or a port taken at every try.
+    """
+    for attempt in range(1, tries + 1):
+        try:
+            start()
+            return
+        except RealNodeError as exc:
+            if ADDRESS_IN_USE not in str(exc).lower() or attempt == tries:
+                raise
+        others = {port for key, port in node_ports.items() if key not in keys}
+        node_ports.update(pick_free_ports(keys, avoid=avoid | others | {node_ports[k] for k in keys}))
+        save()
+
+
 def _real_nodes(
     layout: Layout, network: NodeNetwork, names: list[str], node_ports: dict[str, int]
 ) -> list[nodeconfig.RealNode]:
@@ -256,7 +299,8 @@ def _start_node(
             import_image(node.containerd_socket, archive)
     if all(agent_running(run.state, key) for key in (f"containerd-{node.name}", f"kubelet-{node.name}")):
         return
-    _start_containerd(run, node, archives)
+    if not agent_running(run.state, f"containerd-{node.name}"):  # kept when only the kubelet starts again
+        _start_containerd(run, node, archives)
     for cgroup in hostchanges.create_cgroup(node.cgroup):
         hostchanges.record(run.state, "cgroups", cgroup)
     run.save()
