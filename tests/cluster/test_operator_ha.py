@@ -426,3 +426,58 @@ def test_leader_killed_mid_deletion_leaves_no_pod_behind(
         leader.stop()
         standby.stop()
         _delete(custom, namespace, "gone", "after")
+
+
+#: The deleted-Lease race made one-sided: the standby looks every 0.2 s, the leader renews every 1.5 s, so
+#: the standby is (almost always) the first to find the Lease gone. The fixed election makes it wait until the
+#: record it last saw (renewed at most 1.5 s before) expires, 8 s on: at least 6.5 s, while the leader
+#: re-creates the Lease within 1.5 s. Without that wait the standby creates the Lease at once and leads
+#: while the leader goes on until its 4 s renew deadline.
+SLOW_LEADER = (
+    "--leader-election-lease-duration=8",
+    "--leader-election-renew-deadline=4",
+    "--leader-election-retry-period=1.5",
+)
+EAGER_STANDBY = (
+    "--leader-election-lease-duration=8",
+    "--leader-election-renew-deadline=4",
+    "--leader-election-retry-period=0.2",
+)
+
+
+def test_a_deleted_lease_never_makes_both_replicas_leaders(
+    devcluster: DevCluster, kube: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """The Lease deleted by hand under two replicas: the leader re-creates it at its next renew and the
+    standby, which waits out the record it last saw, never leads; the two leader gauges, read every 50 ms for
+    two lease durations after the deletion, are never 1 together. No hand-over is legitimate in the window,
+    so the two reads' small skew cannot make a true answer look false."""
+    coordination = client.CoordinationV1Api(kube)
+    lease = f"ha-{uuid.uuid4().hex[:6]}"
+    first = replica(devcluster, tmp_path / "a", "op-a", namespace, lease, SLOW_LEADER)
+    second = replica(devcluster, tmp_path / "b", "op-b", namespace, lease, EAGER_STANDBY)
+
+    def leads(operator: LocalOperator) -> bool:
+        return "verl_operator_leader 1.0" in operator.metrics()
+
+    try:
+        first.start()
+        wait_for(lambda: holder(kube, namespace, lease).startswith("op-a_"), "op-a leads", 20, 0.1)
+        wait_for(lambda: leads(first) or None, "op-a's leader gauge", 10, 0.1)
+        second.start()
+        wait_for(
+            lambda: "verl_operator_leader 0.0" in second.metrics() or None, "op-b up, standing by", 20, 0.1
+        )
+        coordination.delete_namespaced_lease(lease, namespace)
+        deleted = time.monotonic()
+        both: list[float] = []
+        while time.monotonic() - deleted < 2 * 8:  # two lease durations
+            if leads(first) and leads(second):
+                both.append(round(time.monotonic() - deleted, 2))
+            time.sleep(0.05)
+        assert both == [], f"both replicas led at {both} s after the Lease was deleted"
+        assert holder(kube, namespace, lease).startswith("op-a_"), "the leader re-created the Lease"
+        assert leads(first) and not leads(second)
+    finally:
+        second.stop()
+        first.stop()
