@@ -27,10 +27,13 @@ take-over is ``lease_duration - renew_deadline`` (5 s by default). As with clien
 * the two replicas' clocks run at the same rate within that margin over one lease duration (no agreement on
   the time of day is needed: nothing compares the wall-clock times written in the Lease); and
 * a write the fence let through reaches the API server within that margin. The API server applies a request
-  when it arrives; Kubernetes has no fencing token a plain write could carry, so a request held longer (a
-  process paused between the check and the send, a connection stalled for seconds) can still land after a
-  take-over. What can land late is bounded by the requests already sent when the fence closed (each
-  request is checked on its own, so at most one per API thread); nothing is sent after.
+  when it arrives and checks no fencing token, so a request held longer (a process paused between the check
+  and the send, a connection stalled for seconds) can still land after a take-over. What can land late is
+  bounded by the requests already sent when the fence closed (each request is checked on its own, so at
+  most one per API thread); nothing is sent after.
+
+One window stays open, as in client-go: a replica that starts while the Lease is deleted has seen no record
+to wait out and creates it at once; an earlier leader stops at its next attempt (or its renew deadline).
 
 A renew that fails (no answer, a timeout) closes the fence at once, though leadership (the reconcile loop)
 lasts to the renew deadline as in client-go; a conflict or another holder ends leadership itself at once.
