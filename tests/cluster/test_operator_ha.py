@@ -16,6 +16,7 @@ answers reviews whatever happens to the leader.
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import threading
 import time
@@ -481,3 +482,127 @@ def test_a_deleted_lease_never_makes_both_replicas_leaders(
     finally:
         second.stop()
         first.stop()
+
+
+class LostReplica(threading.Thread):
+    """An HTTPS listener that plays a replica lost mid-review: it reads each request whole and then closes
+    the connection without an answer (``eof``, as after kill -9) or holds it open unanswered (``hang``, as
+    under SIGSTOP). ``requests`` counts the reviews that reached it."""
+
+    def __init__(self, cert: Path, key: Path, mode: str) -> None:
+        super().__init__(daemon=True)
+        self.mode, self.requests = mode, 0
+        self.held: list[ssl.SSLSocket] = []
+        self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.tls.load_cert_chain(str(cert), str(key))
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+
+    def run(self) -> None:
+        while True:
+            try:
+                raw, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                conn = self.tls.wrap_socket(raw, server_side=True)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                while len(body) < length:
+                    body += conn.recv(65536)
+                self.requests += 1
+                if self.mode == "eof":
+                    conn.close()
+                else:
+                    self.held.append(conn)
+            except (OSError, StopIteration):
+                raw.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.mark.parametrize(("mode", "status"), [("eof", 500), ("hang", 500)])
+def test_the_api_server_sends_a_review_once_to_a_lost_replica(
+    kube: client.ApiClient, namespace: str, tmp_path: Path, mode: str, status: int
+) -> None:
+    """What the chart's webhook settings rest on (docs/helm.md, "Admission through a lost replica"): the
+    devcluster's kube-apiserver does not resend a review whose connection met EOF or its timeout; the create
+    fails with an internal error after exactly one request to the webhook. A ConfigMap in this test's
+    namespace only is reviewed, so nothing else in the cluster meets this webhook."""
+    from base64 import b64encode
+
+    from verl_operator.controller.webhook import write_self_signed
+
+    cert, key = write_self_signed(tmp_path / "tls", hosts=("127.0.0.1",))
+    lost = LostReplica(cert, key, mode)
+    lost.start()
+    admission, core = client.AdmissionregistrationV1Api(kube), client.CoreV1Api(kube)
+    name = f"lost-replica-{uuid.uuid4().hex[:6]}"
+    config = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": "lost.replica.verl-operator.io",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "timeoutSeconds": 2,
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{lost.port}/review",
+                    "caBundle": b64encode(cert.read_bytes()).decode(),
+                },
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["configmaps"],
+                        "operations": ["CREATE"],
+                    }
+                ],
+            }
+        ],
+    }
+    admission.create_validating_webhook_configuration(config)  # type: ignore[arg-type]
+    attempts = 0
+
+    def create() -> int:
+        nonlocal attempts
+        attempts += 1
+        body = {"metadata": {"name": f"probe-{attempts}"}}
+        try:
+            core.create_namespaced_config_map(namespace, body)  # type: ignore[arg-type]
+        except ApiException as exc:
+            return int(exc.status)
+        return 201
+
+    try:
+        # The API server picks a new configuration up from its watch: until then a create is not reviewed.
+        def reviewed() -> bool | None:
+            create()
+            return lost.requests > 0 or None
+
+        wait_for(reviewed, "the webhook configuration in effect", 30, 0.2)
+        before = lost.requests
+        started = time.monotonic()
+        answer = create()
+        took = time.monotonic() - started
+        assert answer == status, f"the create answered {answer}"
+        assert lost.requests - before == 1, f"{lost.requests - before} requests for one review"
+        if mode == "hang":
+            assert took >= 2, f"failed after {took:.1f}s, before the webhook's 2 s timeout"
+    finally:
+        admission.delete_validating_webhook_configuration(name)
+        lost.close()
