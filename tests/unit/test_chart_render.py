@@ -14,6 +14,7 @@ import pytest
 import yaml
 from cryptography import x509
 
+from verl_operator.controller.webhook_server import READY_PATH
 from verl_operator.policy import AdminPolicy
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "verl-operator"
@@ -151,10 +152,11 @@ def test_deployment_is_hardened(helm: str) -> None:
     assert "add" not in sc["capabilities"]
     assert set(ctr["resources"]["requests"]) == {"cpu", "memory"}
     ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
-    for probe in ("livenessProbe", "readinessProbe"):
-        get = ctr[probe]["httpGet"]
-        assert get["path"] == "/healthz"
-        assert ports[get["port"]] == 8080
+    live = ctr["livenessProbe"]["httpGet"]
+    assert (live["path"], ports[live["port"]]) == ("/healthz", 8080)
+    # Readiness asks the webhook server itself (its thread answers the reviews the Service routes).
+    ready = ctr["readinessProbe"]["httpGet"]
+    assert (ready["path"], ports[ready["port"]], ready["scheme"]) == (READY_PATH, 9443, "HTTPS")
     assert f"--health-port={ports['health']}" in ctr["command"]
     assert f"--webhook-port={ports['webhook']}" in ctr["command"]
     # A read-only root filesystem needs a writable /tmp.
@@ -733,3 +735,21 @@ def test_a_readiness_probe_that_cannot_work_is_refused_by_the_schema(helm: str) 
     )
     assert proc.returncode != 0
     assert "failureThreshold" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        pytest.param(("webhook.enabled=false",), id="no-webhook"),
+        pytest.param(("webhook.url=https://127.0.0.1:9443",), id="dev-mode"),
+    ],
+)
+def test_without_an_in_cluster_webhook_readiness_asks_the_health_endpoint(
+    helm: str, sets: tuple[str, ...]
+) -> None:
+    objects = render(helm, *sets)
+    ctr = container(objects)
+    ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
+    ready = ctr["readinessProbe"]["httpGet"]
+    assert (ready["path"], ports[ready["port"]]) == ("/healthz", 8080)
+    assert "scheme" not in ready
