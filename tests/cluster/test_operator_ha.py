@@ -16,6 +16,7 @@ answers reviews whatever happens to the leader.
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import threading
 import time
@@ -426,3 +427,182 @@ def test_leader_killed_mid_deletion_leaves_no_pod_behind(
         leader.stop()
         standby.stop()
         _delete(custom, namespace, "gone", "after")
+
+
+#: The deleted-Lease race made one-sided: the standby looks every 0.2 s, the leader renews every 1.5 s, so
+#: the standby is (almost always) the first to find the Lease gone. The fixed election makes it wait until the
+#: record it last saw (renewed at most 1.5 s before) expires, 8 s on: at least 6.5 s, while the leader
+#: re-creates the Lease within 1.5 s. Without that wait the standby creates the Lease at once and leads
+#: while the leader goes on until its 4 s renew deadline.
+SLOW_LEADER = (
+    "--leader-election-lease-duration=8",
+    "--leader-election-renew-deadline=4",
+    "--leader-election-retry-period=1.5",
+)
+EAGER_STANDBY = (
+    "--leader-election-lease-duration=8",
+    "--leader-election-renew-deadline=4",
+    "--leader-election-retry-period=0.2",
+)
+
+
+def test_a_deleted_lease_never_makes_both_replicas_leaders(
+    devcluster: DevCluster, kube: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """The Lease deleted by hand under two replicas: the leader re-creates it at its next renew and the
+    standby, which waits out the record it last saw, never leads; the two leader gauges, read every 50 ms for
+    two lease durations after the deletion, are never 1 together. No hand-over is legitimate in the window,
+    so the two reads' small skew cannot make a true answer look false."""
+    coordination = client.CoordinationV1Api(kube)
+    lease = f"ha-{uuid.uuid4().hex[:6]}"
+    first = replica(devcluster, tmp_path / "a", "op-a", namespace, lease, SLOW_LEADER)
+    second = replica(devcluster, tmp_path / "b", "op-b", namespace, lease, EAGER_STANDBY)
+
+    def leads(operator: LocalOperator) -> bool:
+        return "verl_operator_leader 1.0" in operator.metrics()
+
+    try:
+        first.start()
+        wait_for(lambda: holder(kube, namespace, lease).startswith("op-a_"), "op-a leads", 20, 0.1)
+        wait_for(lambda: leads(first) or None, "op-a's leader gauge", 10, 0.1)
+        second.start()
+        wait_for(
+            lambda: "verl_operator_leader 0.0" in second.metrics() or None, "op-b up, standing by", 20, 0.1
+        )
+        coordination.delete_namespaced_lease(lease, namespace)
+        deleted = time.monotonic()
+        both: list[float] = []
+        while time.monotonic() - deleted < 2 * 8:  # two lease durations
+            if leads(first) and leads(second):
+                both.append(round(time.monotonic() - deleted, 2))
+            time.sleep(0.05)
+        assert both == [], f"both replicas led at {both} s after the Lease was deleted"
+        assert holder(kube, namespace, lease).startswith("op-a_"), "the leader re-created the Lease"
+        assert leads(first) and not leads(second)
+    finally:
+        second.stop()
+        first.stop()
+
+
+class LostReplica(threading.Thread):
+    """An HTTPS listener that plays a replica lost mid-review: it reads each request whole and then closes
+    the connection without an answer (``eof``, as after kill -9) or holds it open unanswered (``hang``, as
+    under SIGSTOP). ``requests`` counts the reviews that reached it."""
+
+    def __init__(self, cert: Path, key: Path, mode: str) -> None:
+        super().__init__(daemon=True)
+        self.mode, self.requests = mode, 0
+        self.held: list[ssl.SSLSocket] = []
+        self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.tls.load_cert_chain(str(cert), str(key))
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+
+    def run(self) -> None:
+        while True:
+            try:
+                raw, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                conn = self.tls.wrap_socket(raw, server_side=True)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                while len(body) < length:
+                    body += conn.recv(65536)
+                self.requests += 1
+                if self.mode == "eof":
+                    conn.close()
+                else:
+                    self.held.append(conn)
+            except (OSError, StopIteration):
+                raw.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.mark.parametrize(("mode", "status"), [("eof", 500), ("hang", 500)])
+def test_the_api_server_sends_a_review_once_to_a_lost_replica(
+    kube: client.ApiClient, namespace: str, tmp_path: Path, mode: str, status: int
+) -> None:
+    """What the chart's webhook settings rest on (docs/helm.md, "Admission through a lost replica"): the
+    devcluster's kube-apiserver does not resend a review whose connection met EOF or its timeout; the create
+    fails with an internal error after exactly one request to the webhook. A ConfigMap in this test's
+    namespace only is reviewed, so nothing else in the cluster meets this webhook."""
+    from base64 import b64encode
+
+    from verl_operator.controller.webhook import write_self_signed
+
+    cert, key = write_self_signed(tmp_path / "tls", hosts=("127.0.0.1",))
+    lost = LostReplica(cert, key, mode)
+    lost.start()
+    admission, core = client.AdmissionregistrationV1Api(kube), client.CoreV1Api(kube)
+    name = f"lost-replica-{uuid.uuid4().hex[:6]}"
+    config = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": "lost.replica.verl-operator.io",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "timeoutSeconds": 2,
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{lost.port}/review",
+                    "caBundle": b64encode(cert.read_bytes()).decode(),
+                },
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["configmaps"],
+                        "operations": ["CREATE"],
+                    }
+                ],
+            }
+        ],
+    }
+    admission.create_validating_webhook_configuration(config)  # type: ignore[arg-type]
+    attempts = 0
+
+    def create() -> int:
+        nonlocal attempts
+        attempts += 1
+        body = {"metadata": {"name": f"probe-{attempts}"}}
+        try:
+            core.create_namespaced_config_map(namespace, body)  # type: ignore[arg-type]
+        except ApiException as exc:
+            return int(exc.status)
+        return 201
+
+    try:
+        # The API server picks a new configuration up from its watch: until then a create is not reviewed.
+        def reviewed() -> bool | None:
+            create()
+            return lost.requests > 0 or None
+
+        wait_for(reviewed, "the webhook configuration in effect", 30, 0.2)
+        before = lost.requests
+        started = time.monotonic()
+        answer = create()
+        took = time.monotonic() - started
+        assert answer == status, f"the create answered {answer}"
+        assert lost.requests - before == 1, f"{lost.requests - before} requests for one review"
+        if mode == "hang":
+            assert took >= 2, f"failed after {took:.1f}s, before the webhook's 2 s timeout"
+    finally:
+        admission.delete_validating_webhook_configuration(name)
+        lost.close()

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from cryptography import x509
 
+from verl_operator.controller.webhook_server import READY_PATH
 from verl_operator.policy import AdminPolicy
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "verl-operator"
@@ -151,10 +152,11 @@ def test_deployment_is_hardened(helm: str) -> None:
     assert "add" not in sc["capabilities"]
     assert set(ctr["resources"]["requests"]) == {"cpu", "memory"}
     ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
-    for probe in ("livenessProbe", "readinessProbe"):
-        get = ctr[probe]["httpGet"]
-        assert get["path"] == "/healthz"
-        assert ports[get["port"]] == 8080
+    live = ctr["livenessProbe"]["httpGet"]
+    assert (live["path"], ports[live["port"]]) == ("/healthz", 8080)
+    # Readiness asks the webhook server itself (its thread answers the reviews the Service routes).
+    ready = ctr["readinessProbe"]["httpGet"]
+    assert (ready["path"], ports[ready["port"]], ready["scheme"]) == (READY_PATH, 9443, "HTTPS")
     assert f"--health-port={ports['health']}" in ctr["command"]
     assert f"--webhook-port={ports['webhook']}" in ctr["command"]
     # A read-only root filesystem needs a writable /tmp.
@@ -674,3 +676,80 @@ def test_election_durations_that_cannot_work_fail_with_the_reason(
     proc = run_helm(helm, *argv)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("sets", "period", "timeout", "threshold"),
+    [
+        pytest.param((), 2, 2, 2, id="defaults-6s"),
+        pytest.param(
+            (
+                "health.readiness.periodSeconds=1",
+                "health.readiness.timeoutSeconds=1",
+                "health.readiness.failureThreshold=3",
+            ),
+            1,
+            1,
+            3,
+            id="set-4s",
+        ),
+    ],
+)
+def test_a_lost_replica_leaves_the_webhook_service_within_the_readiness_window(
+    helm: str, sets: tuple[str, ...], period: int, timeout: int, threshold: int
+) -> None:
+    """The webhook's Service routes reviews to ready replicas only, the readiness probe takes a paused or
+    killed replica out within period x threshold + timeout seconds, well before liveness restarts it, and
+    the webhook stays Fail (never admits a job unchecked) with its 10 s wait."""
+    objects = render(helm, *sets)
+    ctr = container(objects)
+    ready, live = ctr["readinessProbe"], ctr["livenessProbe"]
+    assert (ready["periodSeconds"], ready["timeoutSeconds"], ready["failureThreshold"]) == (
+        period,
+        timeout,
+        threshold,
+    )
+    assert ready["successThreshold"] == 1
+    out_of_service = period * threshold + timeout
+    restarted = live["periodSeconds"] * live.get("failureThreshold", 3)  # the kubelet's default threshold
+    assert out_of_service < restarted, f"{out_of_service}s to leave the Service, {restarted}s to restart"
+    service = next(s for s in by_kind(objects, "Service") if s["spec"]["ports"][0]["name"] == "webhook")
+    assert service["spec"]["publishNotReadyAddresses"] is False
+    pod = one(objects, "Deployment")["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    webhook = one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
+    assert webhook["clientConfig"]["service"]["name"] == service["metadata"]["name"]
+    assert (webhook["failurePolicy"], webhook["timeoutSeconds"]) == ("Fail", 10)
+
+
+def test_a_readiness_probe_that_cannot_work_is_refused_by_the_schema(helm: str) -> None:
+    proc = run_helm(
+        helm,
+        "template",
+        RELEASE,
+        str(CHART),
+        "--kube-version",
+        KUBE_VERSION,
+        "--set",
+        "health.readiness.failureThreshold=0",
+    )
+    assert proc.returncode != 0
+    assert "failureThreshold" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        pytest.param(("webhook.enabled=false",), id="no-webhook"),
+        pytest.param(("webhook.url=https://127.0.0.1:9443",), id="dev-mode"),
+    ],
+)
+def test_without_an_in_cluster_webhook_readiness_asks_the_health_endpoint(
+    helm: str, sets: tuple[str, ...]
+) -> None:
+    objects = render(helm, *sets)
+    ctr = container(objects)
+    ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
+    ready = ctr["readinessProbe"]["httpGet"]
+    assert (ready["path"], ports[ready["port"]]) == ("/healthz", 8080)
+    assert "scheme" not in ready

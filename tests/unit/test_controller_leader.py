@@ -399,3 +399,110 @@ def test_a_conflicting_renew_stops_leading() -> None:
     store.get = stale_get  # type: ignore[method-assign]
     clock.advance(1)
     assert not leader.try_acquire_or_renew() and not leader.is_leader()
+
+
+def _steps_fail_then_recover(store: MemoryLease, clock: Clock, a: LeaderElector) -> None:
+    store.down = True
+    clock.advance(DEFAULT.retry_period)
+    with pytest.raises(ConnectionError):
+        a.try_acquire_or_renew()
+
+
+def _steps_fail_twice_past_the_deadline(store: MemoryLease, clock: Clock, a: LeaderElector) -> None:
+    _steps_fail_then_recover(store, clock, a)
+    clock.advance(DEFAULT.renew_deadline)
+
+
+def _steps_recover(store: MemoryLease, clock: Clock, a: LeaderElector) -> None:
+    _steps_fail_then_recover(store, clock, a)
+    store.down = False
+    clock.advance(DEFAULT.retry_period)
+    assert a.try_acquire_or_renew()
+
+
+def _steps_renewed(store: MemoryLease, clock: Clock, a: LeaderElector) -> None:
+    clock.advance(DEFAULT.retry_period)
+    assert a.try_acquire_or_renew()
+
+
+def _steps_just_before_the_deadline(store: MemoryLease, clock: Clock, a: LeaderElector) -> None:
+    clock.advance(DEFAULT.renew_deadline - 0.001)
+
+
+def _steps_at_the_deadline(store: MemoryLease, clock: Clock, a: LeaderElector) -> None:
+    clock.advance(DEFAULT.renew_deadline)
+
+
+def _steps_deleted(store: MemoryLease, clock: Clock, a: LeaderElector) -> None:
+    store.record = None
+    clock.advance(DEFAULT.retry_period)
+    assert a.try_acquire_or_renew()  # the leader re-creates it and goes on
+
+
+def _steps_stolen(store: MemoryLease, clock: Clock, a: LeaderElector) -> None:
+    assert store.record is not None
+    store._store(replace(store.record, holder="intruder"))
+    clock.advance(0.5)
+    assert not a.try_acquire_or_renew()
+
+
+def _steps_shut_down(store: MemoryLease, clock: Clock, a: LeaderElector) -> None:
+    a.stop_leading()
+
+
+@pytest.mark.parametrize(
+    ("steps", "leads", "writes"),
+    [
+        pytest.param(_steps_renewed, True, True, id="renewed"),
+        pytest.param(_steps_just_before_the_deadline, True, True, id="deadline-less-1ms"),
+        pytest.param(_steps_at_the_deadline, False, False, id="at-the-renew-deadline"),
+        pytest.param(_steps_fail_then_recover, True, False, id="renew-failed-fence-closes-at-once"),
+        pytest.param(_steps_fail_twice_past_the_deadline, False, False, id="renew-failed-to-the-deadline"),
+        pytest.param(_steps_recover, True, True, id="renew-failed-then-succeeded"),
+        pytest.param(_steps_deleted, True, True, id="deleted-re-created-by-the-leader"),
+        pytest.param(_steps_stolen, False, False, id="stolen"),
+        pytest.param(_steps_shut_down, False, False, id="shut-down"),
+    ],
+)
+def test_the_fence_opens_only_on_a_held_unexpired_lease(steps: object, leads: bool, writes: bool) -> None:
+    """The fence (``may_write``) after each situation, by the fake clock; a write goes through iff it is open,
+    and it is never open while the replica does not lead."""
+    clock, store = Clock(), MemoryLease()
+    a = elector(store, clock, "a")
+    assert a.try_acquire_or_renew() and a.may_write()
+    steps(store, clock, a)  # type: ignore[operator]
+    assert (a.is_leader(), a.may_write()) == (leads, writes)
+
+    class Kube:
+        def __init__(self) -> None:
+            self.written: list[str] = []
+
+        def patch_status(self, ns: str, name: str, patch: dict[str, str]) -> None:
+            self.written.append(name)
+
+    kube = Kube()
+    fenced = FencedKube(kube, a.may_write)
+    if writes:
+        fenced.patch_status("ns", "j", {})
+        assert kube.written == ["j"]
+    else:
+        with pytest.raises(NotLeading, match="patch_status: this replica does not hold the lease"):
+            fenced.patch_status("ns", "j", {})
+        assert kube.written == []
+
+
+def test_a_deleted_lease_never_opens_two_fences() -> None:
+    """The Lease deleted by hand while a leader and a standby run, the standby's attempts interleaved with
+    the leader's at every 0.25 s of the fake clock for two lease durations: never both fences open."""
+    clock, store = Clock(), MemoryLease()
+    a, b = elector(store, clock, "a"), elector(store, clock, "b")
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    store.record = None
+    for tick in range(int(2 * DEFAULT.lease_duration / 0.25)):
+        clock.advance(0.25)
+        if tick % 8 == 0:  # every 2 s, the retry period
+            a.try_acquire_or_renew()
+        if tick % 8 == 3:
+            b.try_acquire_or_renew()
+        assert not (a.may_write() and b.may_write()), f"two writers at +{(tick + 1) * 0.25:g}s"
+    assert a.may_write() and not b.may_write()

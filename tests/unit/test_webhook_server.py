@@ -22,6 +22,7 @@ import pytest
 from verl_operator.controller.webhook import write_self_signed
 from verl_operator.controller.webhook_server import (
     MAX_REVIEW_BYTES,
+    READY_PATH,
     BadReview,
     WebhookServer,
     admission_response,
@@ -303,3 +304,37 @@ def test_malformed_bodies_are_a_400_or_a_denial_never_a_500(
         assert response["allowed"] is False and response["status"]["code"] == code, response
         assert fragment is not None and fragment in response["status"]["message"], response
         assert isinstance(response["uid"], str)
+
+
+def test_the_readiness_path_is_answered_by_the_review_thread_while_kopfs_loop_is_blocked(
+    tmp_path: Path,
+) -> None:
+    """``GET /readyz`` (the chart's readiness probe) is answered by the server's own thread even while the
+    loop standing in for kopf's is blocked, and stops being answered once the server stops."""
+    served = Served(tmp_path, {"verljob": lambda r: admission_response(r, deny)})
+    answers: list[tuple[int, bytes]] = []
+    answered = threading.Event()
+    url: list[str] = []
+
+    def get(target: str) -> tuple[int, bytes]:
+        with urllib.request.urlopen(target, context=served.ctx, timeout=5) as rsp:
+            return rsp.status, rsp.read()
+
+    async def body() -> None:
+        gen = served.server(served.fn)
+        config = await gen.__anext__()
+        base = config["url"].split("/", 3)
+        url.append(f"{base[0]}//{base[2]}{READY_PATH}")
+
+        def client() -> None:
+            answers.append(get(url[0]))
+            answered.set()
+
+        threading.Thread(target=client, daemon=True).start()
+        answered.wait(15)  # blocks this event loop until the probe had its answer
+        await gen.aclose()
+
+    run_loop(body)
+    assert answers == [(200, b"ok")]
+    with pytest.raises(OSError):
+        get(url[0])

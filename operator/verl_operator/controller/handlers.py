@@ -379,7 +379,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         )
         elector = LeaderElector(store, default_identity(), timing, clock=time.monotonic)
         _ELECTOR.append(elector)
-        kube = FencedKube(kube, elector.is_leader)  # a pass in flight when the lease is lost writes nothing
+        kube = FencedKube(kube, elector.may_write)  # a pass in flight when the lease is lost writes nothing
     reconciler = JobReconciler(
         kube,
         cache.snapshot,

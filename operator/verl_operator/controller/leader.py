@@ -16,6 +16,28 @@ turns false at that instant, and :class:`FencedKube` refuses every write after i
 replica can take the lease over: that one waits the lease's duration from when it last saw a change, and the
 renew deadline is shorter than the duration. The defaults are client-go's: 15 s / 10 s / 2 s.
 
+The fence, what it guarantees and what it assumes. Every write the reconciler makes goes through
+:class:`FencedKube`, which checks :meth:`LeaderElector.may_write` right before the call: this replica's last
+attempt succeeded, the Lease it last observed (at the ``resourceVersion`` its own renew returned) names it,
+and that attempt *began* less than the renew deadline ago by this process's monotonic clock. A standby takes
+over no earlier than the lease's duration after it observed that same record (which it can only have read
+after the attempt began), so the margin between the last write the fence lets through and the earliest
+take-over is ``lease_duration - renew_deadline`` (5 s by default). As with client-go, this holds when
+
+* the two replicas' clocks run at the same rate within that margin over one lease duration (no agreement on
+  the time of day is needed: nothing compares the wall-clock times written in the Lease); and
+* a write the fence let through reaches the API server within that margin. The API server applies a request
+  when it arrives and checks no fencing token, so a request held longer (a process paused between the check
+  and the send, a connection stalled for seconds) can still land after a take-over. What can land late is
+  bounded by the requests already sent when the fence closed (each request is checked on its own, so at
+  most one per API thread); nothing is sent after.
+
+One window stays open, as in client-go: a replica that starts while the Lease is deleted has seen no record
+to wait out and creates it at once; an earlier leader stops at its next attempt (or its renew deadline).
+
+A renew that fails (no answer, a timeout) closes the fence at once, though leadership (the reconcile loop)
+lasts to the renew deadline as in client-go; a conflict or another holder ends leadership itself at once.
+
 Nothing here imports kopf; the clock and the API calls are passed in (unit tests use a fake clock and an
 in-memory store).
 """
@@ -150,6 +172,7 @@ class LeaderElector:
         self.observed_at: float | None = None  # when (by self.clock) the observed record last changed
         self.renewed_at: float | None = None  # the start of the last successful acquire or renew
         self.released = False
+        self.renew_failed = False  # the last attempt raised (no answer from the API server)
 
     # -- the state machine ---------------------------------------------------------------------------------
 
@@ -164,6 +187,21 @@ class LeaderElector:
         at = self.clock() if now is None else now
         return at - self.renewed_at < self.timing.renew_deadline
 
+    def may_write(self, now: float | None = None) -> bool:
+        """The fence (:class:`FencedKube`): True only while this replica leads (:meth:`is_leader`), its last
+        attempt to renew succeeded, and the Lease it last observed (at its ``resourceVersion``) names it.
+
+        A renew that fails (an API error, a timeout) closes the fence at once, before the renew deadline ends
+        leadership; the next successful renew opens it again. A pass in flight meanwhile meets
+        :class:`NotLeading` at its next write and is retried later.
+        """
+        return (
+            self.is_leader(now)
+            and not self.renew_failed
+            and self.observed is not None
+            and self.observed.holder == self.identity
+        )
+
     def stop_leading(self) -> None:
         """Lead no more from now on (shutdown): :meth:`is_leader` is False, so the fence refuses every write;
         the Lease stays held until :meth:`release` hands it back (after the passes in flight finished)."""
@@ -176,8 +214,18 @@ class LeaderElector:
     def try_acquire_or_renew(self) -> bool:
         """One attempt (client-go's ``tryAcquireOrRenew``); True when this replica holds the Lease after it.
 
-        An API error other than a conflict propagates; the caller counts it as a failed attempt.
+        An API error other than a conflict propagates; the caller counts it as a failed attempt. Until the
+        next attempt that succeeds, :meth:`may_write` is False (leadership itself lasts to the renew deadline).
         """
+        try:
+            held = self._try_acquire_or_renew()
+        except BaseException:
+            self.renew_failed = True
+            raise
+        self.renew_failed = False
+        return held
+
+    def _try_acquire_or_renew(self) -> bool:
         started = self.clock()
         if self.released:
             return False
@@ -325,7 +373,8 @@ WRITES = frozenset(
 
 
 class FencedKube:
-    """The reconciler's API calls, each write refused unless ``leading()`` says this replica leads.
+    """The reconciler's API calls, each write refused unless ``leading()`` (:meth:`LeaderElector.may_write`)
+    says this replica holds an unexpired Lease, checked right before every write.
 
     A pass that began while leading and is still running in its thread when the lease is lost makes no
     further write: the loop is cancelled at that moment, and this fence stops the pass already in flight.

@@ -47,6 +47,10 @@ MAX_REVIEW_BYTES = 8 * 1024 * 1024
 REVIEW_THREADS = 4
 _UID = re.compile(r'"uid"\s*:\s*"([^"]{1,128})"')
 
+#: The readiness probe's path (GET): answered by this server's own thread and loop, so a replica whose
+#: webhook server cannot answer leaves the webhook's Service, whatever kopf's loop does.
+READY_PATH = "/readyz"
+
 #: An AdmissionReview in, the AdmissionReview response out (called in a worker thread).
 Review = Callable[[Mapping[str, Any]], dict[str, Any]]
 
@@ -141,7 +145,12 @@ class WebhookServer(kopf.WebhookServer):
                 cadata, context = kopf_private.server_ssl(self)
                 path = self.path.rstrip("/") if self.path else ""
                 app = aiohttp.web.Application(client_max_size=MAX_REVIEW_BYTES)
-                app.add_routes([aiohttp.web.post(f"{path}/{{id:.*}}", self._handler(fn, kopf_loop, pool))])
+                app.add_routes(
+                    [
+                        aiohttp.web.post(f"{path}/{{id:.*}}", self._handler(fn, kopf_loop, pool)),
+                        aiohttp.web.get(READY_PATH, _ready),
+                    ]
+                )
                 addr = self.addr or None  # None is aiohttp's "any interface"
                 listener = _Listener(addr, self.port or 0, context, app)  # 0: the kernel picks a free port
                 await listener.start()
@@ -219,6 +228,11 @@ class WebhookServer(kopf.WebhookServer):
             await asyncio.sleep(self.file_check_interval)
             if files and stamps() != first:
                 return
+
+
+async def _ready(request: aiohttp.web.Request) -> aiohttp.web.Response:
+    """The readiness probe: 200 from the thread and loop that answer the reviews."""
+    return aiohttp.web.Response(text="ok")
 
 
 def _reason(exc: BaseException) -> str:
