@@ -115,7 +115,10 @@ def add_parser(subparsers: Any) -> None:
         type=int,
         default=PROGRESS_PORT,
         metavar="PORT",
-        help=f"port of the head pods' progress endpoint the operator reads (default {PROGRESS_PORT})",
+        help=(
+            f"port of the head pods' progress endpoint the operator reads (default {PROGRESS_PORT}); 0 reads none "
+            "(pods whose IPs no pod holds, as a simulated cluster's)"
+        ),
     )
     p.add_argument("--workdir", default=None, help="directory for generated files (default: a temp dir)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")

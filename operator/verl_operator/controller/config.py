@@ -37,7 +37,7 @@ class RunConfig:
         lease_duration: Seconds a standby waits after the Lease's last change before it takes it over.
         renew_deadline: Seconds the leader keeps reconciling without a successful renew.
         retry_period: Seconds between two attempts to acquire or renew.
-        progress_port: The head pods' progress endpoint port (the launcher's ``--progress-port``).
+        progress_port: The head pods' progress endpoint port (the launcher's ``--progress-port``); 0 reads none.
     """
 
     kubeconfig: str | None = None

@@ -386,7 +386,8 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         node_facts=cache.facts_of,
         calls=calls,
         retry_now=cache.take_retry,
-        progress=ProgressClient(port=cfg.progress_port).read,
+        # --progress-port 0: no head pod is read (a simulated cluster's pod IPs are held by no pod)
+        progress=ProgressClient(port=cfg.progress_port).read if cfg.progress_port else None,
     )
     if elector is None:
         metrics.LEADER.set(1)

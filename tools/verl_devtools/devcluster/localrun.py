@@ -96,6 +96,9 @@ class LocalOperator:
             f"--workdir={self.workdir}",
             f"--health-port={self.health_port}",
             f"--metrics-port={self.metrics_port}",
+            # kwok's pods have simulated IPs that no pod holds: the operator reads no head pod's progress
+            # endpoint unless a test serves one and passes its own --progress-port (extra_args come last)
+            "--progress-port=0",
         ]
         if self.resync_seconds is not None:
             argv.append(f"--resync-seconds={self.resync_seconds}")
