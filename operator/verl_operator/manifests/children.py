@@ -36,6 +36,7 @@ from verl_operator.manifests.names import (
     LABEL_ENGINE,
     LABEL_INDEX,
     LABEL_JOB,
+    LABEL_POOL,
     LABEL_ROLE,
     MANAGED_BY,
     ChildNames,
@@ -228,6 +229,8 @@ def _build_pod(
         LABEL_INDEX: str(index),
         LABEL_ENGINE: plan.rollout_engine,
     }
+    if index < len(plan.pools):
+        labels[LABEL_POOL] = plan.pools[index]
     annotations: dict[str, str] = {}
     security = spec.security
     pod_spec: dict[str, Any] = {

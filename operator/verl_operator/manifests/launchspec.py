@@ -94,6 +94,8 @@ class LaunchPlan:
     rollout_engine: str = "vllm"
     #: The Python module verl runs (``spec.verl.entrypoint``).
     module: str = DEFAULT_MODULE
+    #: The pool(s) of each pod by index (:func:`pod_pools`); empty: a plan without pools.
+    pools: tuple[str, ...] = ()
 
     @classmethod
     def from_plan(
@@ -122,6 +124,7 @@ class LaunchPlan:
             training_engine=plan.training.engine if plan.training is not None else "fsdp",
             rollout_engine=plan.rollout.name,
             module=spec.verl.entrypoint,
+            pools=pod_pools(plan),
         )
 
     @property
@@ -145,6 +148,19 @@ class LaunchPlan:
     ) -> LaunchPlan:
         """:meth:`from_plan` of the camelCase plan dict (``PlanResult.to_json_dict()["plan"]``)."""
         return cls.from_plan(Plan.model_validate(plan), spec, nodes, launcher_image)
+
+
+def pod_pools(plan: Plan) -> tuple[str, ...]:
+    """The pool(s) of each of the plan's pods, by index: a standalone rollout pool on nodes of its own takes the
+    pods after the trainer pool's (placement puts the trainer's nodes first); ``both`` where a pod's GPUs
+    serve the trainer and the rollout (a one-pool mode, or both pools on every node); empty without pools."""
+    pools = plan.pools
+    if pools is None:
+        return ()
+    if pools.rollout is None or pools.shared_nodes:
+        return ("both",) * plan.nnodes
+    trainer = min(pools.trainer.nnodes, plan.nnodes)
+    return ("trainer",) * trainer + ("rollout",) * (plan.nnodes - trainer)
 
 
 def job_identity(job: Mapping[str, Any]) -> tuple[str, str, str]:

@@ -22,6 +22,9 @@ LABEL_ATTEMPT = "verl-operator.io/attempt"
 LABEL_INDEX = "verl-operator.io/node-index"
 #: The plan's rollout engine (``vllm``, ``sglang``, ``trtllm``) on every Ray pod.
 LABEL_ENGINE = "verl-operator.io/rollout-engine"
+#: The trainer mode's pool(s) whose GPUs the pod holds (``trainer``, ``rollout``, or ``both``: a one-pool mode,
+#: or both pools on every node); absent on pods of plans without pools.
+LABEL_POOL = "verl-operator.io/pool"
 ANNOTATION_NODE = "verl-operator.io/node"
 GANG_GATE = "verl-operator.io/gang"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "verl-operator", "app.kubernetes.io/name": "verl"}

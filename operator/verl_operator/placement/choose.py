@@ -17,6 +17,17 @@ Algorithm:
        ``preferred_domains`` in turn (the network labels from the narrowest domain to the widest: a rack,
        then a block of racks), then no domain: its pods share the smallest domain that holds them.
 
+    5. A job of two pools on separate pods (``trainer_nnodes``: verl's trainer pool and its standalone
+       rollout pool) is one gang for steps 2-4; inside a group its nodes are chosen per pool. The trainer
+       pool takes the tightest sub-domain of the group that holds it, by the network labels from the
+       narrowest (a rack) to the widest, else the group's best-fit nodes; the rollout pool takes the rest,
+       nearest the trainer first (its rack, then its block: the weight sync's NCCL path between the pools),
+       then best fit. A rollout node must hold a replica (TP x DP GPUs) inside one NVLink domain
+       (``nvlink: required``; else such nodes go first). Groups rank by the trainer's domain (narrowest
+       first), then step 3's spare GPUs. The trainer's nodes come first in the placement (the first hosts
+       the Ray head), then the rollout's, each in name order. A gang that fits one rack keeps both pools and
+       the weight sync there.
+
     Worked example: 4 DGX nodes of 8 GPUs, racks a (dgx-0, dgx-1) and b (dgx-2, dgx-3), dgx-2 has 4 GPUs
     in use, job 2 x 8 with ``topologyPolicy: required``: dgx-2 is excluded (4 of 8 free), rack b keeps one
     node, rack a two: the job lands on dgx-0 (head) and dgx-1, domain ``a``.
@@ -33,6 +44,9 @@ from dataclasses import dataclass
 from verl_contract.gpu_product import same_product
 from verl_operator.placement.model import NodeCapacity, Placement, PlacementRequest
 from verl_operator.planner.mesh import fits_nvlink_domain
+
+#: A group's chosen nodes: (trainer's domain rank, nodes in placement order, where the trainer pool sits).
+Picked = tuple[int, tuple[str, ...], str | None]
 
 GroupKey = tuple[str | None, str | None]
 
@@ -184,20 +198,29 @@ def place_screened(
     for topology_key in _attempts(request, request.nnodes):
         chosen = _best_group(request, screened.groups[topology_key], free)
         if chosen is not None:
-            key, names = chosen
+            key, (_, names, trainer_where) = chosen
             where = []
             if key[0] is not None:
                 where.append(f"{topology_key}={key[0]}")
             if key[1] is not None:
                 where.append(f"clique {key[1]}")
             suffix = f" in {', '.join(where)}" if where else ""
+            message = f"{request.nnodes} x {request.gpus_per_node} GPUs on {', '.join(names)}{suffix}"
+            if request.two_pools:
+                t = request.trainer_nnodes
+                at = f" ({trainer_where})" if trainer_where else ""
+                message = (
+                    f"{request.nnodes} x {request.gpus_per_node} GPUs{suffix}: trainer pool on "
+                    f"{', '.join(names[:t])}{at}, rollout pool on {', '.join(names[t:])}"
+                )
             return Placement(
                 feasible=True,
                 nodes=names,
                 domain=key[0],
                 clique=key[1],
                 excluded=excluded_t,
-                message=f"{request.nnodes} x {request.gpus_per_node} GPUs on {', '.join(names)}{suffix}",
+                message=message,
+                trainer_nodes=request.trainer_nnodes if request.two_pools else 0,
             )
     return Placement(
         feasible=False, excluded=excluded_t, message=_missing(request, eligible, excluded_t, use_domain)
@@ -229,23 +252,107 @@ def _group_key(request: PlacementRequest, node: NodeCapacity, topology_key: str 
 
 def _best_group(
     request: PlacementRequest, groups: Mapping[GroupKey, Sequence[NodeCapacity]], free: Mapping[str, int]
-) -> tuple[GroupKey, tuple[str, ...]] | None:
+) -> tuple[GroupKey, Picked] | None:
     """Step 3: the tightest group of at least ``nnodes`` nodes with the GPUs free (``free``: the nodes that
-    have them), and its best-fit nodes."""
-    best: tuple[tuple[int, str, str], GroupKey, tuple[str, ...]] | None = None
+    have them), and its best-fit nodes (step 5: per pool)."""
+    best: tuple[tuple[int, int, str, str], GroupKey, Picked] | None = None
     needed = request.nnodes * request.gpus_per_node
     for key, group in groups.items():
         members = [(free[n.name], n.name) for n in group if n.name in free]
         if len(members) < request.nnodes:
             continue
         spare = sum(f for f, _ in members) - needed
-        rank = (spare, key[0] or "", key[1] or "")
-        if best is None or rank < best[0]:
+        if best is not None and (0, spare, key[0] or "", key[1] or "") >= best[0]:
+            continue  # no pick of this group can rank better
+        if request.two_pools:
+            picked = _pick_pools(request, [n for n in group if n.name in free], free)
+            if picked is None:
+                continue
+        else:
             # Fewest free GPUs first, then the name: == sorted(members)[:nnodes] (heapq documents it),
             # without sorting a group of thousands of nodes.
-            picked = heapq.nsmallest(request.nnodes, members)
-            best = (rank, key, tuple(sorted(name for _, name in picked)))
+            chosen = heapq.nsmallest(request.nnodes, members)
+            picked = (0, tuple(sorted(name for _, name in chosen)), None)
+        rank = (picked[0], spare, key[0] or "", key[1] or "")
+        if best is None or rank < best[0]:
+            best = (rank, key, picked)
     return None if best is None else (best[1], best[2])
+
+
+def rollout_fits(request: PlacementRequest, node: NodeCapacity) -> bool:
+    """A rollout replica (TP x DP GPUs) sits inside one NVLink domain of the GPUs a rollout pod holds on
+    ``node`` (the planner's rule, ``mesh.fits_nvlink_domain``); a partial domain only when the pod holds the
+    whole node (the device plugin chooses the GPUs of a partial request). A replica larger than a pod spans
+    nodes: the gang's own clique screen (step 1) covers it."""
+    replica, gpn = request.rollout_replica_gpus, request.gpus_per_node
+    if replica <= 1 or replica > gpn:
+        return True
+    if not fits_nvlink_domain(replica, min(node.nvlink_domain_size, gpn)):
+        return False
+    return node.nvlink_domain_size >= node.gpus or gpn == node.gpus
+
+
+def _pick_pools(
+    request: PlacementRequest, group: Sequence[NodeCapacity], free: Mapping[str, int]
+) -> Picked | None:
+    """Step 5 in one group: the trainer pool's nodes in the tightest, narrowest network domain that holds
+    them, then the rollout pool's nearest them; None when the group has too few nodes for a rollout pod."""
+    t = request.trainer_nnodes
+    r = request.nnodes - t
+    strict = request.nvlink_required
+    rollout_ok = {n.name for n in group if rollout_fits(request, n)}
+    need = t * request.gpus_per_node
+
+    def best_fit(nodes: Sequence[NodeCapacity], count: int) -> list[NodeCapacity]:
+        return heapq.nsmallest(count, nodes, key=lambda n: (free[n.name], n.name))
+
+    def rollout_left(trainer: Sequence[NodeCapacity]) -> int:
+        names = {n.name for n in trainer}
+        return sum(1 for n in group if n.name not in names and (not strict or n.name in rollout_ok))
+
+    trainer: list[NodeCapacity] | None = None
+    level, where = len(request.pool_domains), None
+    for i, label in enumerate(request.pool_domains):
+        by_value: dict[str, list[NodeCapacity]] = {}
+        for node in group:
+            value = node.labels.get(label)
+            if value is not None:
+                by_value.setdefault(value, []).append(node)
+        options = []
+        for value, nodes in by_value.items():
+            if len(nodes) < t:
+                continue
+            # Trainer nodes that cannot hold a replica first: keeps the ones that can for the rollout pool.
+            chosen = heapq.nsmallest(t, nodes, key=lambda n: (n.name in rollout_ok, free[n.name], n.name))
+            if rollout_left(chosen) < r:
+                continue
+            options.append((sum(free[n.name] for n in nodes) - need, value, chosen))
+        if options:
+            _, value, trainer = min(options, key=lambda o: (o[0], o[1]))
+            level, where = i, f"{label}={value}"
+            break
+    if trainer is None:
+        trainer = heapq.nsmallest(t, group, key=lambda n: (n.name in rollout_ok, free[n.name], n.name))
+        if rollout_left(trainer) < r:
+            return None
+    taken = {n.name for n in trainer}
+    shared: list[tuple[str, str]] = []
+    for label in request.pool_domains:
+        values = {n.labels.get(label) for n in trainer}
+        if len(values) == 1 and (value := values.pop()) is not None:
+            shared.append((label, value))
+
+    def nearness(node: NodeCapacity) -> int:
+        return next((i for i, (k, v) in enumerate(shared) if node.labels.get(k) == v), len(shared))
+
+    rest = [n for n in group if n.name not in taken and (not strict or n.name in rollout_ok)]
+    rollout = heapq.nsmallest(
+        r, rest, key=lambda n: (nearness(n), n.name not in rollout_ok, free[n.name], n.name)
+    )
+    if len(rollout) < r:
+        return None
+    names = tuple(sorted(n.name for n in trainer)) + tuple(sorted(n.name for n in rollout))
+    return level, names, where
 
 
 def _missing(

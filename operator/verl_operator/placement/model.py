@@ -55,6 +55,13 @@ class PlacementRequest:
         topology_policy: ``required``: all nodes in one domain; ``preferred``: try that first.
         preferred_domains: Without a topology policy, the network labels a multi-node job tries in turn, from
             the narrowest domain to the widest (``planner.facts.NETWORK_DOMAINS``); empty: none.
+        trainer_nnodes: A job of two pools on separate nodes (``plan.pools``): the pods holding the trainer
+            pool; the other ``nnodes - trainer_nnodes`` hold the rollout pool. 0: one pool, or both pools on
+            every pod.
+        rollout_replica_gpus: GPUs of one rollout replica (its TP x DP), which must share an NVLink domain of
+            a rollout pod's node.
+        pool_domains: The network labels, narrowest first, the trainer pool is kept inside and the rollout
+            pool is kept near (``planner.facts.NETWORK_DOMAINS``).
     """
 
     nnodes: int
@@ -67,6 +74,14 @@ class PlacementRequest:
     topology_key: str | None = None
     topology_policy: TopologyPolicy | None = None
     preferred_domains: tuple[str, ...] = ()
+    trainer_nnodes: int = 0
+    rollout_replica_gpus: int = 1
+    pool_domains: tuple[str, ...] = ()
+
+    @property
+    def two_pools(self) -> bool:
+        """The trainer pool and the rollout pool on separate pods (each pod holds one pool's GPUs)."""
+        return 0 < self.trainer_nnodes < self.nnodes
 
     @property
     def multi_node_nvlink(self) -> bool:
@@ -80,11 +95,14 @@ class Placement:
 
     Attributes:
         feasible: True when ``nodes`` holds the whole job (never a partial placement).
-        nodes: Chosen node names; index 0 hosts the Ray head. Empty when not feasible.
+        nodes: Chosen node names; index 0 hosts the Ray head. Empty when not feasible. A job of two pools on
+            separate pods: the trainer pool's nodes first (``trainer_nodes`` of them), then the rollout pool's.
         domain: The topology domain (value of the topology key) the nodes share, if one was required or found.
         clique: The NVLink clique the nodes share, if multi-node NVLink was required.
         excluded: ``(node, reason)`` for every node that could not take a pod, sorted by node name.
         message: One line for a status condition: the choice, or what is missing.
+        trainer_nodes: How many of ``nodes`` (the first) hold the trainer pool; 0: every node holds the whole
+            job's pool(s).
     """
 
     feasible: bool
@@ -93,6 +111,7 @@ class Placement:
     clique: str | None = None
     excluded: tuple[tuple[str, str], ...] = ()
     message: str = ""
+    trainer_nodes: int = 0
 
     def to_status(self, max_excluded: int = MAX_EXCLUDED_IN_STATUS) -> dict[str, object]:
         """The camelCase dict written to ``status.placement`` (at most ``max_excluded`` excluded nodes listed)."""

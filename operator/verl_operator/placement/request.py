@@ -22,6 +22,8 @@ def request_from_plan(
         candidates: The plan's candidate nodes on today's nodes (:func:`plan_candidates`); None: every node
             that passes placement's own screens.
     """
+    pools = plan.pools
+    two_pools = pools is not None and pools.rollout is not None and not pools.shared_nodes
     return PlacementRequest(
         nnodes=plan.nnodes,
         gpus_per_node=plan.gpus_per_node,
@@ -36,6 +38,14 @@ def request_from_plan(
         topology_key=spec.placement.topology_key,
         topology_policy=spec.placement.topology_policy,
         preferred_domains=NETWORK_DOMAINS if spec.placement.topology_policy is None else (),
+        # Two pools on separate pods: the trainer's pods, a rollout replica's GPUs, the domains they keep to.
+        trainer_nnodes=pools.trainer.nnodes if two_pools and pools is not None else 0,
+        rollout_replica_gpus=(
+            pools.rollout.tensor_parallel_size * pools.rollout.data_parallel_size
+            if two_pools and pools is not None and pools.rollout is not None
+            else 1
+        ),
+        pool_domains=NETWORK_DOMAINS if two_pools else (),
     )
 
 
