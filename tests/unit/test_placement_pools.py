@@ -3,11 +3,14 @@ which nodes each pool gets, the pods' pool labels, and one Kueue workload for bo
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from verl_operator.commands.plan import load_nodes
 from verl_operator.commands.render import render
@@ -156,6 +159,9 @@ def test_nvlink_required_without_a_node_for_a_replica_waits() -> None:
     got = place(request_, nodes, {})
     assert not got.feasible
     assert got.nodes == ()
+    assert (
+        "1 of them for the rollout pool with an NVLink domain that holds a replica of 4 GPUs" in got.message
+    )
 
 
 def test_a_one_pool_job_places_as_before() -> None:
@@ -221,3 +227,46 @@ def test_kueue_gets_one_workload_for_both_pools() -> None:
     assert sorted(p["metadata"]["labels"][LABEL_POOL] for p in pods) == ["rollout", "trainer"]
     gpus = {p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] for p in pods}
     assert gpus == {"8"}  # pods of one size: one gang
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    node_set=st.lists(
+        st.tuples(st.sampled_from([4, 8]), st.integers(0, 8), st.sampled_from(["r0", "r1", "r2"])),
+        min_size=1,
+        max_size=12,
+    ),
+    trainer=st.integers(1, 3),
+    rollout=st.integers(1, 3),
+    gpus_per_node=st.sampled_from([2, 4, 8]),
+    seed=st.integers(0, 1000),
+)
+def test_two_pool_placement_invariants(
+    node_set: list[tuple[int, int, str]], trainer: int, rollout: int, gpus_per_node: int, seed: int
+) -> None:
+    """Choosing per pool never loses a gang the one-pool search places, depends on no input order, and keeps
+    the trainer pool inside one rack whenever a rack has enough free nodes for it."""
+    nodes = [node(f"n{i:02d}", rack, gpus=gpus) for i, (gpus, _, rack) in enumerate(node_set)]
+    used = {f"n{i:02d}": min(u, gpus) for i, (gpus, u, _) in enumerate(node_set)}
+    request_ = pools_request(trainer, rollout, gpn=gpus_per_node)
+    got = place(request_, nodes, used)
+    plain = place(
+        PlacementRequest(
+            nnodes=trainer + rollout, gpus_per_node=gpus_per_node, preferred_domains=NETWORK_DOMAINS
+        ),
+        nodes,
+        used,
+    )
+    assert got.feasible == plain.feasible
+    shuffled = list(nodes)
+    random.Random(seed).shuffle(shuffled)
+    assert place(request_, shuffled, used) == got, "placement depends on input order"
+    if not got.feasible:
+        assert got.nodes == () and got.trainer_nodes == 0
+        return
+    assert len(set(got.nodes)) == len(got.nodes) == trainer + rollout and got.trainer_nodes == trainer
+    assert all(n.gpus - used[n.name] >= gpus_per_node for n in nodes if n.name in got.nodes)
+    racks = {n.name: n.labels[RACK] for n in nodes}
+    fits = [n for n in nodes if n.gpus - used[n.name] >= gpus_per_node]
+    if any(sum(1 for n in fits if n.labels[RACK] == r) >= trainer for r in ("r0", "r1", "r2")):
+        assert len({racks[n] for n in got.nodes[:trainer]}) == 1, got.message

@@ -303,9 +303,6 @@ def _pick_pools(
     rollout_ok = {n.name for n in group if rollout_fits(request, n)}
     need = t * request.gpus_per_node
 
-    def best_fit(nodes: Sequence[NodeCapacity], count: int) -> list[NodeCapacity]:
-        return heapq.nsmallest(count, nodes, key=lambda n: (free[n.name], n.name))
-
     def rollout_left(trainer: Sequence[NodeCapacity]) -> int:
         names = {n.name for n in trainer}
         return sum(1 for n in group if n.name not in names and (not strict or n.name in rollout_ok))
@@ -369,6 +366,11 @@ def _missing(
         scopes.append("one NVLink clique")
     if scopes:
         need += " in " + " and ".join(scopes)
+    if request.two_pools and request.nvlink_required and request.rollout_replica_gpus > 1:
+        need += (
+            f", {request.nnodes - request.trainer_nnodes} of them for the rollout pool with an NVLink domain "
+            f"that holds a replica of {request.rollout_replica_gpus} GPUs"
+        )
     counts: dict[str, int] = {}
     for _, reason in excluded:
         counts[reason] = counts.get(reason, 0) + 1
