@@ -78,7 +78,7 @@ def rederive(seen: Observed) -> tuple[Observed, list[str]]:
         )
         status = StatusChange(attempt=placement.attempt).apply(status)
         change |= StatusChange(attempt=placement.attempt)
-    if placement is not None and placement.nodes:
+    if placement is not None and placement.handoff is None and placement.nodes:
         nodes = _bound_nodes(seen.pods, status.attempt)
         if len(nodes) == len(placement.nodes) and all(nodes) and nodes != list(placement.nodes):
             change |= StatusChange(placement=placement.changed(nodes=nodes), nodes=",".join(nodes))
