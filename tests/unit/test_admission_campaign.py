@@ -730,3 +730,14 @@ def test_a_forged_restart_count_leaves_the_backoff_limit_to_the_real_failures() 
     status = world.status()
     assert status["phase"] != "Failed", status["message"]
     assert status["restarts"] == 1 and HEAD not in world.kube.pods()
+
+
+def test_a_start_time_within_the_clocks_allowance_is_the_operator_s() -> None:
+    """A start a minute before the job's creation (another replica's clock behind the API server's) is not
+    taken for a forged one: no event, the time kept."""
+    world = running_world(with_spec(activeDeadlineSeconds=3600))
+    forge(world, startTime="2027-01-15T07:59:00Z")
+    world.now += 30
+    world.reconcile()
+    assert world.status()["startTime"] == "2027-01-15T07:59:00Z"
+    assert not [e for e in world.kube.events if e[1] == "StatusOverwritten"]

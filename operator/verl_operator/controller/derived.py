@@ -7,8 +7,8 @@ contradicted one with what the world says:
 - ``placement.nodes``: every pod of the attempt is bound, and the nodes they run on are not the placement's
   (the operator pins each pod to its planned node, so only a patch makes them differ): the pods' nodes,
   head first. Read as it was, a node that does not exist would fail the job with ``NodeLost``.
-- ``startTime``: before the job's ``creationTimestamp`` or after now (the operator writes it when it first
-  places the job): clamped into that range. Read as it was, an old start would end the job at once on
+- ``startTime``: before the job's ``creationTimestamp`` or after now by more than :data:`CLOCK_SKEW_SECONDS`
+  (the operator writes it when it first places the job): clamped into that range. Read as it was, an old start would end the job at once on
   ``activeDeadlineSeconds``.
 - ``attempt``: not the placement's, while pods of the placement's attempt exist and none of the status's
   (the operator writes both together): the placement's. Read as it was, the running pods would be deleted
@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from verl_operator.controller.observed import Observed
 
 _WORKER = re.compile(r"-worker-(\d+)$")
+#: How far ``startTime`` may lie outside [creation, now] before it counts as contradicted: the operator writes
+#: it by its own clock, the API server the creation time by its own, and two replicas' clocks may differ.
+CLOCK_SKEW_SECONDS = 300.0
 
 
 def _order(name: str) -> tuple[int, int]:
@@ -90,7 +93,7 @@ def rederive(seen: Observed) -> tuple[Observed, list[str]]:
     if started is not None:
         lowest = created if created is not None else started
         clamped = min(max(started, lowest), seen.now)
-        if clamped != started:
+        if abs(clamped - started) > CLOCK_SKEW_SECONDS:
             change |= StatusChange(start_time=format_time(clamped))
             said.append(
                 f"status.startTime {status.start_time}: the job was created at "
