@@ -350,6 +350,12 @@ CONFLICTS = [
         id="checkpoint-dir-in-a-dict",
     ),
     pytest.param(
+        {"checkpoint": {"dir": "/ckpt"}, "overrides": ["~trainer.default_local_dir"]},
+        ("override-conflict", "spec.checkpoint.dir"),
+        ["deletes trainer.default_local_dir, which the launcher sets from spec.checkpoint"],
+        id="checkpoint-dir-deleted",
+    ),
+    pytest.param(
         {"checkpoint": {"dir": "/ckpt"}, "overrides": ["trainer.resume_mode=disable"]},
         ("override-conflict", "spec.checkpoint.resume"),
         ["every restart of the job would start over"],

@@ -34,12 +34,23 @@ def checkpoint_conflicts(spec: VerlJobSpec, overrides: Sequence[Override]) -> li
         return []
     out: list[Violation] = []
     for ov in overrides:
+        if ov.prefix == "~":
+            if ov.key in (DIR_KEY, RESUME_KEY):
+                out.append(
+                    _conflict(
+                        "spec.checkpoint.dir",
+                        f"{ov.source} deletes {ov.key}, which the launcher sets from spec.checkpoint (it leaves a "
+                        "key the user names to the user)",
+                        [f"drop {ov.source}"],
+                    )
+                )
+            continue
         for key, value in ov.leaves():
             source = (
                 ov.source if key == ov.key else f"spec.overrides[{ov.index}] ({key}, in {ov.key}={{...}})"
             )
             text = format_value(value) if value is not None else "null"
-            if key == DIR_KEY and ov.prefix != "~" and str(text).rstrip("/") != ckpt.dir.rstrip("/"):
+            if key == DIR_KEY and str(text).rstrip("/") != ckpt.dir.rstrip("/"):
                 out.append(
                     _conflict(
                         "spec.checkpoint.dir",
