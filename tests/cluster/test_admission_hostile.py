@@ -138,6 +138,32 @@ HOSTILE = [
         "spec.security.containerSecurityContext.capabilities.add",
         id="capabilities-add-string",
     ),
+    # The second campaign: admitted, these failed at start (or undid the spec) until refused at admission.
+    pytest.param(
+        job("port", verl={"image": "ghcr.io:99999/example/verl:0.9.1"}),
+        "spec.verl.image",
+        id="image-port-99999",
+    ),
+    pytest.param(
+        job("digest", verl={"image": "ghcr.io/example/verl@sha256:" + "a" * 32}),
+        "spec.verl.image: the sha256 digest has 32 hex digits, not 64",
+        id="image-digest-32-hex",
+    ),
+    pytest.param(
+        job("sweep", overrides=["trainer.val_before_train=bool(true,false)"]),
+        "bool() of 2 values is a sweep",
+        id="hydra-cast-of-two",
+    ),
+    pytest.param(
+        job("plen", overrides=["actor_rollout_ref.rollout.prompt_length=8192"]),
+        "spec.overrides[0] (actor_rollout_ref.rollout.prompt_length)",
+        id="rollout-prompt-length-above-data",
+    ),
+    pytest.param(
+        job("ckpt", checkpoint={"dir": "/ckpt"}, overrides=["trainer.default_local_dir=/scratch"]),
+        "spec.checkpoint.dir",
+        id="checkpoint-dir-undone",
+    ),
     # 256 data paths of 3,500 characters (897 KB) made a status too large for etcd.
     pytest.param(
         job("files", data={"trainFiles": [f"/data/{'x' * 3500}-{i}.parquet" for i in range(256)]}),

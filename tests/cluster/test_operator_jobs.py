@@ -977,6 +977,41 @@ def test_a_forged_status_is_overwritten_from_the_pods(jobs: Jobs) -> None:
     assert after == before, "the forged phase deleted or replaced pods"
 
 
+def test_forged_placement_start_time_and_restarts_move_nothing(jobs: Jobs) -> None:
+    """``kubectl patch --subresource=status`` of the placement's nodes (nodes that do not exist), a start
+    time years before the job and a restart count past ``backoffLimit`` on a Running job with
+    ``activeDeadlineSeconds``: the pods stay, the fields are derived again from the pods and the job's
+    creation, a StatusOverwritten Warning names them (read as written: NodeLost, then DeadlineExceeded)."""
+    manifest = job(
+        "forged2", 16, 8, resources={"nodeSelector": DGX}, activeDeadlineSeconds=3600, backoffLimit=1
+    )
+    assert jobs.apply(manifest).returncode == 0
+    running = jobs.wait_phase("forged2", "Running")
+    before = {p.metadata.name: p.metadata.uid for p in jobs.running_pods("forged2", 2)}
+    forged = dict(running["placement"], nodes=["gone-0", "gone-1"])
+    body = {"status": {"placement": forged, "startTime": "2001-01-01T00:00:00Z", "restarts": 7}}
+    patch = ["patch", "vj", "forged2", "-n", jobs.ns, "--subresource=status", "--type=merge", "-p"]
+    patched = jobs.kubectl([*patch, json.dumps(body)])
+    assert patched.returncode == 0, patched.stderr
+    event = wait_for(
+        lambda: next((e for e in jobs.events("forged2") if e.reason == "StatusOverwritten"), None),
+        "a StatusOverwritten event",
+    )
+    assert "status.placement.nodes gone-0, gone-1" in event.message and "status.startTime" in event.message
+
+    def derived() -> dict[str, Any] | None:
+        status = jobs.status("forged2")
+        return status if status.get("placement", {}).get("nodes") != ["gone-0", "gone-1"] else None
+
+    status = wait_for(derived, "the placement derived again")
+    assert status["phase"] == "Running", status.get("message")
+    assert sorted(status["placement"]["nodes"]) == sorted(running["placement"]["nodes"])
+    assert status["startTime"] >= (jobs.get("forged2") or {})["metadata"]["creationTimestamp"]
+    assert status.get("restarts", 0) == 0
+    after = {p.metadata.name: p.metadata.uid for p in jobs.running_pods("forged2", 2)}
+    assert after == before, "the forged status deleted or replaced pods"
+
+
 def test_an_image_that_cannot_be_pulled_gives_the_gpus_back_after_the_start_deadline(jobs: Jobs) -> None:
     """The kubelet cannot pull the image (the devcluster's pod-simulate-pull-failure stage): the job says so
     (Starting, ImagePullFailed, PodsStartable=False naming the image), then fails at spec.startDeadlineSeconds

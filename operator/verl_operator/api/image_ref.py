@@ -17,7 +17,12 @@ without ever starting. :func:`image_problem` applies the same grammar at admissi
     digest          := algorithm ":" /[0-9a-fA-F]{32,}/
 
 The first component is the domain when it holds a ``.`` or a ``:``, is ``localhost`` or has an upper-case
-letter (``normalize.go``'s ``splitDockerDomain``); the whole name is at most 255 characters.
+letter (``normalize.go``'s ``splitDockerDomain``); the whole name is at most 255 characters. Beyond the
+grammar, ``reference.Parse`` checks the digest with ``go-digest`` (``Digest.Validate``: an algorithm the
+kubelet knows, ``sha256``, ``sha384`` or ``sha512``, with exactly 64, 96 or 128 lower-case hex digits) and
+``ParseNormalizedNamed`` refuses a repository of 64 hex digits (it reads as an image ID): the kubelet leaves
+such a container waiting with ``InvalidImageName``. A registry port outside 1-65535 parses, but no pull can
+ever reach it (``ErrImagePull`` at every try): it is refused too.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ _TAG = re.compile(r"[\w][\w.-]{0,127}")
 _DIGEST = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}")
 #: ``reference.NameTotalLengthMax``.
 NAME_MAX = 255
+#: ``go-digest``'s algorithms the kubelet links (``crypto/sha256``, ``crypto/sha512``) -> hex digits.
+DIGEST_HEX = {"sha256": 64, "sha384": 96, "sha512": 128}
+_IMAGE_ID = re.compile(r"[a-f0-9]{64}")
 
 
 def _is_domain(first: str) -> bool:
@@ -49,6 +57,8 @@ def image_problem(image: str) -> str | None:
     digest = after if "@" in image else None
     if digest is not None and not _DIGEST.fullmatch(digest):
         return f"the digest {digest!r} is not algorithm:hex (at least 32 hex digits)"
+    if digest is not None and (found := _digest_problem(digest)):
+        return found
     name, tag = rest, None
     slash = rest.rfind("/")
     colon = rest.rfind(":")
@@ -65,6 +75,17 @@ def image_problem(image: str) -> str | None:
     path = parts[1:] if domain is not None else parts
     if domain is not None and not _DOMAIN.fullmatch(domain):
         return f"the registry {domain!r} is not a host name with an optional port"
+    port = domain.rpartition(":")[2] if domain is not None and not domain.endswith("]") else ""
+    if port.isdigit() and not 1 <= int(port) <= 65535:
+        return (
+            f"the registry {domain!r} has port {int(port)}, outside 1-65535: no pull can reach it (the kubelet "
+            "would retry ErrImagePull until spec.startDeadlineSeconds)"
+        )
+    if _IMAGE_ID.fullmatch(image):
+        return (
+            f"the repository {name[:12]}... is 64 hex digits, which the kubelet reads as an image ID and refuses "
+            "as a name (InvalidImageName): name the repository"
+        )
     repository = "/".join(path)
     if all(_PATH_COMPONENT.fullmatch(p) for p in path):
         return None
@@ -82,3 +103,17 @@ def image_problem(image: str) -> str | None:
         f"the repository {repository!r} is not a valid image path (lower-case letters and digits separated "
         f"by '/', '.', '_', '__' or '-'; the kubelet leaves the container waiting with {where})"
     )
+
+
+def _digest_problem(digest: str) -> str | None:
+    """What ``go-digest``'s ``Digest.Validate`` refuses in a digest the grammar accepts."""
+    algorithm, _, hex_part = digest.partition(":")
+    want = DIGEST_HEX.get(algorithm)
+    if want is None:
+        known = ", ".join(DIGEST_HEX)
+        return f"the digest algorithm {algorithm!r} is not one the kubelet knows ({known}; InvalidImageName)"
+    if len(hex_part) != want:
+        return f"the {algorithm} digest has {len(hex_part)} hex digits, not {want} (InvalidImageName)"
+    if hex_part != hex_part.lower():
+        return f"the {algorithm} digest has upper-case hex digits; write them lower-case (InvalidImageName)"
+    return None

@@ -640,6 +640,15 @@ SETTINGS = Registry(
             optional=True,
         ),
         _row(
+            "rollout_prompt_length",
+            "int",
+            "The length the rollout pads each prompt to (verl: data.max_prompt_length unless set).",
+            f"{ARR}.rollout.prompt_length",
+            bounds=_int(1, L.MAX_TOKENS),
+            search="keep",
+            optional=True,
+        ),
+        _row(
             "sequence_parallel_size",
             "int",
             "Ulysses sequence parallel size of actor/ref/critic.",

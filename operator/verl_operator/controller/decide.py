@@ -20,6 +20,7 @@ from verl_operator.api.errors import validation_violations
 from verl_operator.api.spec import VerlJobSpec
 from verl_operator.api.status import FINISHED_PHASES, StatusChange, StatusView, VerlJobStatus
 from verl_operator.controller.assess import pod_phase
+from verl_operator.controller.derived import overwritten, rederive
 from verl_operator.controller.observed import Observed
 from verl_operator.controller.pipeline import Planned, plan_and_place, status_plan
 from verl_operator.controller.queue import ahead_of, rank
@@ -46,6 +47,12 @@ def decide(seen: Observed) -> Transition:
         if not live:
             return finished(seen)
         return unfinished(seen, live)
+    derived, said = rederive(seen)
+    return overwritten(_decide_unfinished(derived), derived, said)
+
+
+def _decide_unfinished(seen: Observed) -> Transition:
+    """:func:`decide` of a job whose phase is not a finished one."""
     try:
         spec = VerlJobSpec.model_validate(seen.job.get("spec") or {})
     except ValidationError as exc:

@@ -36,7 +36,13 @@ WAITING_REASONS: dict[str, tuple[str, str, bool]] = {
     "ErrImagePull": ("ImagePullFailed", _PULL, False),
     "ImagePullBackOff": ("ImagePullFailed", _PULL, False),
     "RegistryUnavailable": ("ImagePullFailed", "the image's registry cannot be reached", False),
-    "ErrImageInspect": ("ImagePullFailed", "the node cannot inspect the image", False),
+    # The kubelet's ``images.ErrImageInspect`` is spelled ``ImageInspectError`` (pkg/kubelet/images/types.go).
+    "ImageInspectError": ("ImagePullFailed", "the node cannot inspect the image", False),
+    "SignatureValidationFailed": (
+        "InvalidImage",
+        "the image's signature is refused by the node's policy: use a signed image the policy admits",
+        True,
+    ),
     "CreateContainerConfigError": (
         "ContainerConfigInvalid",
         "the container's configuration cannot be built: a Secret or ConfigMap that spec.env or spec.volumes "
@@ -46,6 +52,16 @@ WAITING_REASONS: dict[str, tuple[str, str, bool]] = {
     "CreateContainerError": (
         "ContainerCreateFailed",
         "the container runtime cannot create the container",
+        False,
+    ),
+    "PreCreateHookError": (
+        "ContainerCreateFailed",
+        "the container runtime's pre-create hook refused the container",
+        False,
+    ),
+    "RunContainerError": (
+        "ContainerCreateFailed",
+        "the container runtime cannot start the container (its command, a device or a mount)",
         False,
     ),
 }

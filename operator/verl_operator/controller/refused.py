@@ -90,6 +90,9 @@ POD_SECURITY_REFUSAL = "violates PodSecurity"
 _SERVICE_ACCOUNT = re.compile(r'serviceaccount "([^"]+)" not found|service account ([\w.-]+/[\w.-]+)')
 _PRIORITY_CLASS = re.compile(r"no PriorityClass with name ([\w.-]+) was found")
 _QUOTA = re.compile(r"exceeded quota: ([\w.-]+)")
+#: The quota plugin's refusal of a pod whose containers leave out a resource the quota limits (a quota of
+#: ``limits.cpu`` needs every container to set a CPU limit): ``failed quota: q: must specify limits.cpu``.
+_QUOTA_MUST_SPECIFY = re.compile(r"failed quota: ([\w.-]+): must specify ([^;\n]+(?:; [^;\n]+)*)")
 _QUOTA_AMOUNTS = re.compile(r"(requested|used|limited): ([^,]+(?:,[^,:]+=[^,]+)*)")
 
 
@@ -136,6 +139,19 @@ def classify(status: int, message: str, manifest: Mapping[str, Any]) -> ChildRef
             reason="PriorityClassNotFound",
             blocker=f"PriorityClass {match.group(1)}",
             cause="does not exist",
+        )
+    if match := _QUOTA_MUST_SPECIFY.search(message):
+        return ChildBlocked(
+            kind,
+            name,
+            status,
+            message,
+            reason="PodsForbidden",
+            blocker=f"ResourceQuota {namespace}/{match.group(1)}",
+            cause=(
+                f"requires every container to set what it limits ({match.group(2).strip()}), which the Ray "
+                "pods' containers do not"
+            ),
         )
     if match := _QUOTA.search(message):
         return ChildBlocked(

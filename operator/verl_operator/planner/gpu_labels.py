@@ -17,6 +17,9 @@ Sources (see ``docs/topology.md`` for the table of every label read):
   ``cloud.google.com/gke-gpu-partition-size``.
 - **Karpenter on EKS**: ``karpenter.k8s.aws/instance-gpu-name`` (``h100``), ``-gpu-memory`` (MiB per GPU),
   ``-gpu-count``.
+- **The instance type alone** (an EKS managed node group, AKS or OCI with the device plugin only, no GFD):
+  ``node.kubernetes.io/instance-type`` of a GPU instance whose GPUs are fixed by the type
+  (:data:`INSTANCE_PRODUCTS`: ``p5.48xlarge``, ``Standard_ND96isr_H100_v5``, ``BM.GPU.H100.8``, ...).
 - A bare ``nvidia.com/gpu=present|true`` label (some device-plugin installs) names no product or memory.
 
 Pure: values in, a value out.
@@ -43,6 +46,7 @@ LABEL_GKE_PARTITION = "cloud.google.com/gke-gpu-partition-size"
 LABEL_KARPENTER_NAME = "karpenter.k8s.aws/instance-gpu-name"
 LABEL_KARPENTER_MEMORY = "karpenter.k8s.aws/instance-gpu-memory"
 LABEL_KARPENTER_COUNT = "karpenter.k8s.aws/instance-gpu-count"
+LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 #: Above this many "MiB" an ``nvidia.com/gpu.memory`` value is bytes: no GPU has 4 TiB (a B200 has 180 GiB),
@@ -81,6 +85,44 @@ KARPENTER_PRODUCTS: dict[str, str | tuple[tuple[int, str], ...]] = {
     "h200": "NVIDIA-H200",
     "b200": "NVIDIA-B200",
 }
+
+#: Cloud instance types whose GPUs the type fixes -> the product (GFD spelling), for nodes that carry no GPU
+#: label but the well-known ``node.kubernetes.io/instance-type`` (the clouds' instance catalogs: AWS P and G
+#: families, Azure ND, OCI bare-metal GPU shapes). A family prefix ends with ``.`` (every size of ``g5.``).
+INSTANCE_PRODUCTS: dict[str, str] = {
+    "p3.": "Tesla-V100-SXM2-16GB",
+    "p3dn.24xlarge": "Tesla-V100-SXM2-32GB",
+    "p4d.24xlarge": "NVIDIA-A100-SXM4-40GB",
+    "p4de.24xlarge": "NVIDIA-A100-SXM4-80GB",
+    "p5.48xlarge": "NVIDIA-H100-80GB-HBM3",
+    "p5e.48xlarge": "NVIDIA-H200",
+    "p5en.48xlarge": "NVIDIA-H200",
+    "g4dn.": "Tesla-T4",
+    "g5.": "NVIDIA-A10G",
+    "g6.": "NVIDIA-L4",
+    "g6e.": "NVIDIA-L40S",
+    "Standard_ND96asr_v4": "NVIDIA-A100-SXM4-40GB",
+    "Standard_ND96amsr_A100_v4": "NVIDIA-A100-SXM4-80GB",
+    "Standard_ND96isr_H100_v5": "NVIDIA-H100-80GB-HBM3",
+    "Standard_ND96isr_H200_v5": "NVIDIA-H200",
+    "BM.GPU4.8": "NVIDIA-A100-SXM4-40GB",
+    "BM.GPU.A100-v2.8": "NVIDIA-A100-SXM4-80GB",
+    "BM.GPU.H100.8": "NVIDIA-H100-80GB-HBM3",
+    "BM.GPU.H200.8": "NVIDIA-H200",
+}
+
+
+def instance_product(instance_type: str) -> str:
+    """The product of a GPU instance type from :data:`INSTANCE_PRODUCTS` ("" when the type is not there).
+
+    Example: ``p5.48xlarge`` -> ``NVIDIA-H100-80GB-HBM3``; ``g5.12xlarge`` -> ``NVIDIA-A10G`` (the family).
+    """
+    exact = INSTANCE_PRODUCTS.get(instance_type)
+    if exact is not None:
+        return exact
+    family = instance_type.split(".", 1)[0] + "." if "." in instance_type else ""
+    return INSTANCE_PRODUCTS.get(family, "") if family and family != instance_type else ""
+
 
 #: CUDA compute capability by product-name token, for nodes without ``nvidia.com/gpu.compute.*`` labels.
 #: Longest token first wins (``A10G`` before ``A10``). NVIDIA's CUDA GPU table.
@@ -183,6 +225,10 @@ def _product(labels: Mapping[str, str]) -> tuple[str, str, str]:
             memory = _int(labels.get(LABEL_KARPENTER_MEMORY)) or 0
             choice = next(product for limit, product in choice if memory < limit)
         return name, choice, LABEL_KARPENTER_NAME
+    itype = labels.get(LABEL_INSTANCE_TYPE, "").strip()
+    product = instance_product(itype) if itype else ""
+    if product:
+        return itype, product, LABEL_INSTANCE_TYPE
     return "", "", ""
 
 

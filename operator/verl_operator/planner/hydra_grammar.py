@@ -402,7 +402,13 @@ def _call(name: str, args: list[Parsed], kwargs: dict[str, Parsed]) -> Parsed:
             raise GrammarError(f"{name}(): the only named argument is value")
         if not args and not kwargs:
             raise GrammarError(f"{name}(): No positional args or value specified")
-        value: Parsed = kwargs["value"] if kwargs else (args[0] if len(args) == 1 else list(args))
+        if len(args) > 1:
+            # Hydra's ``_normalize_cast_value`` makes a simple choice sweep of several values.
+            raise GrammarError(
+                f"{name}() of {len(args)} values is a sweep, which requires --multirun (a single run takes "
+                "one value; a list is written [a,b])"
+            )
+        value: Parsed = kwargs["value"] if kwargs else args[0]
         return _cast(name, value)
     if name == "sort":
         reverse = kwargs.pop("reverse", False)

@@ -45,9 +45,41 @@ def heads_allow_sp(shape: ModelShape, sp: int) -> bool:
     return heads % sp == 0 and (kv % sp == 0 or sp % kv == 0)
 
 
+def rollout_tp_split(shape: ModelShape, tp: int) -> list[str]:
+    """Why the rollout engine's tensor parallelism ``tp`` cannot split the model (empty: it can).
+
+    vLLM (and SGLang, the same layers) splits the attention heads evenly; the key/value heads are split
+    evenly when there are at least ``tp`` of them and replicated otherwise, so either ``kv % tp == 0`` or
+    ``tp % kv == 0`` (vLLM ``QKVParallelLinear``; MLA models keep no per-head KV and are exempt); a dense MLP's
+    intermediate size is split by ``RowParallelLinear`` with ``divide()``, which asserts divisibility (a MoE
+    model's dense MLPs only where it has leading dense layers).
+
+    Example: 24 heads, 3 KV heads, TP 2 -> ``["the model's 3 KV heads neither divide by nor divide TP 2"]``.
+    """
+    out: list[str] = []
+    if shape.attention_heads % tp:
+        out.append(
+            f"the model's {shape.attention_heads} attention heads are not divisible by tensorParallelSize {tp}"
+        )
+    kv = shape.kv_heads
+    if shape.kv_lora_rank is None and kv % tp and tp % kv:
+        out.append(
+            f"the model's {kv} KV heads neither divide by tensorParallelSize {tp} nor divide it (vLLM splits "
+            f"them or replicates each on tp / kv ranks)"
+        )
+    dense = shape.num_experts is None or (shape.first_k_dense_replace or 0) > 0
+    if dense and shape.intermediate_size % tp:
+        out.append(
+            f"the model's intermediateSize {shape.intermediate_size} is not divisible by tensorParallelSize {tp} "
+            f"({shape.intermediate_size} % {tp} = {shape.intermediate_size % tp}: the MLP's RowParallelLinear "
+            "asserts it)"
+        )
+    return out
+
+
 def heads_allow_tp(shape: ModelShape, tp: int) -> bool:
-    """vLLM tensor parallelism ``tp`` splits the model's attention heads evenly."""
-    return shape.attention_heads % tp == 0
+    """vLLM tensor parallelism ``tp`` splits the model evenly (:func:`rollout_tp_split`)."""
+    return not rollout_tp_split(shape, tp)
 
 
 def fits_nvlink_domain(size: int, domain: int) -> bool:

@@ -17,6 +17,7 @@ from verl_operator.planner import (
     megatron_memory,
     megatron_models,
     megatron_options,
+    rules_checkpoint,
     rules_dtype,
     rules_engines,
     rules_shape,
@@ -77,6 +78,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
     """
     parsed, violations, warnings = parse_overrides(spec.overrides)
     violations += rules_dtype.dtype_conflicts(spec, parsed)
+    violations += rules_checkpoint.checkpoint_conflicts(spec, parsed)
     # The training engine: chosen before the keys are checked against its config's keys.
     cn_indices, cn_engine, cn_vs = megatron.config_name_entries(spec.overrides)
     violations = [v for v in violations if v.field not in {f"spec.overrides[{i}]" for i in cn_indices}]
@@ -270,7 +272,21 @@ def _unsupported(r: _Reader) -> list[Violation]:
             )
     for key, label, why in UNSUPPORTED_ROLLOUT:
         val = r.get_int(key, reads=True)
-        if val is not None and val > 1:
+        if val is not None and val < 1:
+            # verl sizes a replica as TP x DP x PP (0.9.1 ``workers/rollout/replica.py``): 0 GPUs, and the
+            # world's division by it fails at start.
+            out.append(
+                Violation(
+                    field=r.reads[key].source,
+                    rule="rollout-parallelism",
+                    message=(
+                        f"rollout {label} {val}: a replica is tensor_model_parallel_size x data_parallel_size x "
+                        f"{label} GPUs, so {val} makes it 0 GPUs (ZeroDivisionError at start)"
+                    ),
+                    suggestions=[f"use {label}=1 (verl's default) or drop the override"],
+                )
+            )
+        elif val is not None and val > 1:
             out.append(
                 Violation(
                     field=r.reads[key].source,

@@ -66,7 +66,7 @@ def world_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
 
 
 def heads_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
-    """TP splits the attention heads evenly, and the KV heads (query groups) are a multiple of TP; with verl 0.9's
+    """TP splits the attention heads and a dense MLP evenly, and the KV heads (query groups) are a multiple of TP; with verl 0.9's
     megatron-core (0.16.1) the KV heads may also divide TP (each is then replicated). megatron-core
     ``TransformerConfig.__post_init__``: 0.14.0 ``transformer/transformer_config.py`` lines 680-700, 0.16.1
     lines 923-946 (``num_query_groups ... must be a multiple or divisor of tensor_model_parallel_size``)."""
@@ -75,8 +75,17 @@ def heads_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
     tp = mesh.settings.megatron_tp
     heads, kv = p.shape.attention_heads, p.shape.kv_heads
 
+    # A dense MLP's fc2 is a RowParallelLinear over ffn_hidden_size: megatron-core's ``divide()`` asserts
+    # ``ffn_hidden_size % TP == 0`` (``tensor_parallel/layers.py``); a MoE model's only where it has leading
+    # dense layers.
+    ffn = p.shape.intermediate_size
+    dense = p.shape.num_experts is None or (p.shape.first_k_dense_replace or 0) > 0
+
     def kv_ok(t: int) -> bool:
         return kv % t == 0 or (p.version != "0.6" and t % kv == 0)
+
+    def ffn_ok(t: int) -> bool:
+        return not dense or ffn % t == 0
 
     bad = [
         f"the model's {heads} attention heads do not divide by TP {tp} ({heads} % {tp} = {heads % tp})"
@@ -84,9 +93,13 @@ def heads_divisible(p: Problem, mesh: Mesh) -> list[Violation]:
     if not kv_ok(tp):
         either = "" if p.version == "0.6" else f" and do not divide TP {tp}"
         bad.append(f"the model's {kv} KV heads do not divide by TP {tp} ({kv} % {tp} = {kv % tp}){either}")
+    if not ffn_ok(tp):
+        bad.append(
+            f"the model's intermediateSize {ffn} does not divide by TP {tp} ({ffn} % {tp} = {ffn % tp})"
+        )
     if not bad:
         return []
-    ok = [d for d in arith.divisors(heads) if kv_ok(d)]
+    ok = [d for d in arith.divisors(heads) if kv_ok(d) and ffn_ok(d)]
     near = [max((d for d in ok if d < tp), default=1), *[d for d in ok if d > tp][:1]]
     return [
         Violation(

@@ -7,7 +7,13 @@ from verl_operator.api.plan import Violation
 from verl_operator.planner.arith import divisors, nearest, nearest_divisor
 from verl_operator.planner.arith import or_text as _or
 from verl_operator.planner.inputs import SPEC_PATHS, Problem
-from verl_operator.planner.mesh import Mesh, fits_nvlink_domain, heads_allow_tp, replica_fits_nodes
+from verl_operator.planner.mesh import (
+    Mesh,
+    fits_nvlink_domain,
+    heads_allow_tp,
+    replica_fits_nodes,
+    rollout_tp_split,
+)
 
 
 def _field(p: Problem, name: str) -> str:
@@ -30,18 +36,20 @@ def rollout_tp_divides_world(p: Problem, mesh: Mesh) -> list[Violation]:
 
 
 def rollout_tp_heads(p: Problem, mesh: Mesh) -> list[Violation]:
-    """vLLM: attention heads divisible by the rollout TP size."""
-    heads, tp = p.shape.attention_heads, mesh.rollout_tp
-    if heads_allow_tp(p.shape, tp):
+    """vLLM: the rollout TP size splits the attention heads, the KV heads and a dense MLP
+    (:func:`~verl_operator.planner.mesh.rollout_tp_split`)."""
+    tp = mesh.rollout_tp
+    problems = rollout_tp_split(p.shape, tp)
+    if not problems:
         return []
+    fits = [d for d in divisors(mesh.world) if heads_allow_tp(p.shape, d)]
+    near = nearest(tp, lambda v: v in fits) if fits else []
     return [
         Violation(
             field=_field(p, "rollout_tp"),
             rule="rollout-tp-heads",
-            message=f"the model's {heads} attention heads are not divisible by tensorParallelSize {tp}",
-            suggestions=[
-                f"use tensorParallelSize {_or(nearest_divisor(tp, mesh.world_common_divisor(heads)))}"
-            ],
+            message="; ".join(problems),
+            suggestions=[f"use tensorParallelSize {_or(near)}"] if near else [],
         )
     ]
 
@@ -163,6 +171,54 @@ def rollout_response_length(p: Problem, mesh: Mesh) -> list[Violation]:
                 f"set spec.data.maxResponseLength to {pinned} and drop the override",
                 f"or use response_length {p.max_response_length} or less",
             ],
+        )
+    ]
+
+
+def rollout_prompt_length(p: Problem, mesh: Mesh) -> list[Violation]:
+    """A pinned ``rollout.prompt_length`` is at most ``data.max_prompt_length`` (verl's default takes it,
+    0.6.1 ``trainer/config/rollout/rollout.yaml``). verl's agent loop pads every prompt to the rollout's
+    ``prompt_length`` (0.9.1 ``experimental/agent_loop/agent_loop.py`` ``_postprocess``), so each sequence the
+    actor trains on is ``prompt_length + response_length`` tokens, while the planner's memory, micro-batches
+    and token budgets count ``data.max_prompt_length``."""
+    pinned = mesh.settings.rollout_prompt_length
+    if pinned is None or pinned <= p.max_prompt_length:
+        return []
+    response = mesh.settings.rollout_response_length or p.max_response_length
+    return [
+        Violation(
+            field=_field(p, "rollout_prompt_length"),
+            rule="rollout-prompt-length",
+            message=(
+                f"rollout prompt_length {pinned} exceeds maxPromptLength {p.max_prompt_length}: verl pads each "
+                f"prompt to it, so every sequence is {pinned} + {response} = {pinned + response} tokens where the "
+                f"plan sizes {p.max_prompt_length} + {p.max_response_length} = {p.seq_len}"
+            ),
+            suggestions=[
+                f"set spec.data.maxPromptLength to {pinned} and drop the override",
+                f"or use prompt_length {p.max_prompt_length} or less",
+            ],
+        )
+    ]
+
+
+def max_model_len_covers_prompt(p: Problem, mesh: Mesh) -> list[Violation]:
+    """A pinned ``max_model_len`` holds the longest prompt: verl's server rollout refuses a prompt longer
+    than it (0.9.1 ``vllm_async_server.py`` ``generate``: "Prompt length ... exceeds the model's maximum
+    context length"), and vLLM refuses such a request too."""
+    pinned = p.max_model_len if not (p.rollout_name == "sglang" and p.version == "0.6") else None
+    if pinned is None or pinned >= p.max_prompt_length:
+        return []
+    return [
+        Violation(
+            field=_field(p, "max_model_len"),
+            rule="max-model-len",
+            message=(
+                f"max_model_len {pinned} is below maxPromptLength {p.max_prompt_length}: a prompt of up to "
+                f"{p.max_prompt_length} tokens does not fit the rollout's context (refused at the first long "
+                "prompt)"
+            ),
+            suggestions=[f"use max_model_len {p.seq_len} (prompt + response) or drop the override"],
         )
     ]
 
