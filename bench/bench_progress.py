@@ -51,7 +51,7 @@ from kubernetes.client.exceptions import ApiException
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scale_support as S
-from bench_scale import Sampler, cpu_seconds, rss_mb, scale_cluster, scrape
+from bench_scale import Profiler, Sampler, cpu_seconds, rss_mb, scale_cluster, scrape
 from verl_devtools.devcluster import DevCluster
 from verl_devtools.devcluster.localrun import LocalOperator, install_crd
 from verl_launcher.progress import ProgressTracker
@@ -263,6 +263,9 @@ class Result:
     step_lag: list[int] = field(default_factory=list)
     hung_stalled_after_s: float = math.nan
     hung_reason: str = ""
+    #: py-spy's samples of the operator holding the GIL in the steady window, and the top functions.
+    profile_samples: int = 0
+    profile: list[S.ProfileEntry] = field(default_factory=list)
     operator_log_tail: str = ""
 
 
@@ -344,7 +347,8 @@ def run(cluster: DevCluster, args: argparse.Namespace, work: Path, say: Callable
             time.sleep(args.warmup)
 
             # Steady state.
-            with Sampler(pid) as sampler:
+            spy = Profiler(pid, args.profile)
+            with Sampler(pid) as sampler, spy:
                 with heads.lock:
                     reads0 = sum(heads.reads)
                 m0, c0, t0 = scrape(api), cpu_seconds(pid), time.monotonic()
@@ -352,6 +356,8 @@ def run(cluster: DevCluster, args: argparse.Namespace, work: Path, say: Callable
                 m1, c1, t1 = scrape(api), cpu_seconds(pid), time.monotonic()
                 with heads.lock:
                     reads1, result.unknown_reads = sum(heads.reads), heads.unknown
+                spy.stop()
+            result.profile_samples, result.profile = spy.top()
             result.window_s = t1 - t0
             result.cpu_s = c1 - c0
             result.cpu_pct = result.cpu_s / result.window_s * 100
@@ -468,6 +474,15 @@ def report(r: Result) -> str:
         "|---|---|",
     ]
     lines += [f"| {k} | {v:.0f} |" for k, v in sorted(r.requests.items())]
+    if r.profile:
+        lines += [
+            "",
+            f"py-spy, {r.profile_samples} samples holding the GIL in the steady window (50 per second):",
+            "",
+            "| function (file) | on the stack | on top |",
+            "|---|---|---|",
+        ]
+        lines += [f"| `{e.function}` | {e.inclusive:.1%} | {e.own:.1%} |" for e in r.profile]
     return "\n".join(lines)
 
 
@@ -481,6 +496,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json", type=Path, default=None, help="write every number here")
     parser.add_argument("--keep", action="store_true", help="leave the devcluster running")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="sample the operator with py-spy in the window, raw output here",
+    )
     args = parser.parse_args(argv)
     if args.jobs <= 0 or sum(S.job_nodes(i) for i in range(args.jobs)) > args.nodes:
         parser.error(f"{args.jobs} jobs of the mix need more than {args.nodes} nodes")
