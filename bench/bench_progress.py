@@ -13,7 +13,8 @@ progress is read:
 3. ONE stand-in server bound to ``0.0.0.0`` answers ``GET /progress`` for every job, telling the jobs apart by
    the local address a connection arrived on: each job has the launcher's own ``ProgressTracker`` fed verl's
    published gsm8k step line (``tests/unit/data/verl-output/gsm8k-vllm-ray-wrapped.log``) every
-   ``--step-seconds`` with its timers scaled to that step time, the jobs' steps spread over the interval;
+   ``--step-seconds`` with its timers scaled to that step time, the jobs' steps spread over the interval
+   and their step numbers over the 50 steps after which the operator computes a job's advice again;
 4. a new operator starts on the running jobs with ``--progress-port`` the server's port.
 
 After every job's progress is in its status and ``--warmup`` more seconds, ``--seconds`` of steady state are
@@ -55,6 +56,7 @@ from bench_scale import Profiler, Sampler, cpu_seconds, rss_mb, scale_cluster, s
 from verl_devtools.devcluster import DevCluster
 from verl_devtools.devcluster.localrun import LocalOperator, install_crd
 from verl_launcher.progress import ProgressTracker
+from verl_operator.controller.progress import ADVICE_EVERY
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "tests" / "unit" / "data" / "verl-output" / "gsm8k-vllm-ray-wrapped.log"
@@ -77,7 +79,9 @@ class Heads:
         self.jobs, self.step_seconds = jobs, step_seconds
         self.published = PUBLISHED.read_text()
         self.trackers = [ProgressTracker() for _ in range(jobs)]
-        self.steps = [0] * jobs
+        # The jobs are at different points of their runs: job i starts after step ``i * ADVICE_EVERY // jobs``,
+        # so the operator's advice, computed again every ADVICE_EVERY steps, comes due evenly over time.
+        self.steps = [i * ADVICE_EVERY // jobs for i in range(jobs)]
         self.reads = [0] * jobs
         self.unknown = 0
         self.hung: set[int] = set()
@@ -492,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--step-seconds", type=float, default=10.0)
     parser.add_argument("--seconds", type=float, default=300.0, help="the steady window")
-    parser.add_argument("--warmup", type=float, default=30.0, help="seconds after every job's progress is in")
+    parser.add_argument("--warmup", type=float, default=60.0, help="seconds after every job's progress is in")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json", type=Path, default=None, help="write every number here")
     parser.add_argument("--keep", action="store_true", help="leave the devcluster running")
