@@ -155,7 +155,8 @@ class Heads:
 
     def stop(self) -> None:
         self._stop.set()
-        self.server.shutdown()
+        if self._threads[0].is_alive():
+            self.server.shutdown()
         self.server.server_close()
 
 
@@ -322,8 +323,13 @@ def run(cluster: DevCluster, args: argparse.Namespace, work: Path, say: Callable
         for i, name in enumerate(names):
             pod = heads_of[name]
             ip = S.loopback_address(i)
+            # a JSON patch: a strategic merge would add the address to podIPs beside kwok's
+            replace = [
+                {"op": "replace", "path": "/status/podIP", "value": ip},
+                {"op": "replace", "path": "/status/podIPs", "value": [{"ip": ip}]},
+            ]
             core.patch_namespaced_pod_status(
-                pod.metadata.name, NAMESPACE, {"status": {"podIP": ip, "podIPs": [{"ip": ip}]}}
+                pod.metadata.name, NAMESPACE, replace, _content_type="application/json-patch+json"
             )
             result.ips_moved += 1
 
