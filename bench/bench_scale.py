@@ -623,11 +623,14 @@ def plot(scenario: S.Scenario, runs: dict[str, RunResult], out: Path) -> list[Pa
 
 
 @contextlib.contextmanager
-def scale_cluster(nodes: int, say: Callable[[str], None], keep: bool) -> Iterator[DevCluster]:
+def scale_cluster(
+    nodes: int, say: Callable[[str], None], keep: bool, name: str = "bench-scale"
+) -> Iterator[DevCluster]:
+    """A devcluster instance ``name`` with ``nodes`` DGX H100 nodes (taken down after, unless ``keep``)."""
     with tempfile.TemporaryDirectory(prefix="verl-operator-scale-") as tmp:
         profile = Path(tmp) / "scale.yaml"
         profile.write_text(yaml.safe_dump(S.scale_profile(nodes)))
-        cluster = DevCluster(name="bench-scale", profile="dgx-h100", progress=say)
+        cluster = DevCluster(name=name, profile="dgx-h100", progress=say)
         try:
             cluster.up()
             cluster.remove_profile("dgx-h100")

@@ -336,3 +336,67 @@ def ratio(ours: float, theirs: float) -> float:
     if theirs == 0 or math.isnan(theirs) or math.isnan(ours):
         return math.nan
     return ours / theirs
+
+
+# ---- jobs reporting steps (bench/bench_progress.py) ----------------------------------------------------
+
+#: Addresses per third octet of :func:`loopback_address` (the fourth octet runs 1-254).
+_PER_BLOCK = 254
+#: The timer names of verl's step lines: seconds, scaled together so the step takes the time asked for.
+_TIMING = re.compile(
+    r"(timing_s/(?!agent_loop/(?:slowest/)?(?:prompt_length|response_length|num_preempted))[\w/]+):([0-9.e+-]+)"
+)
+_STEP_SECONDS = re.compile(r"timing_s/step:([0-9.e+-]+)")
+
+
+def loopback_address(index: int) -> str:
+    """A distinct loopback address for the ``index``-th job's head pod: ``127.1.0.1``, ``127.1.0.2``, ...
+
+    Linux routes all of 127.0.0.0/8 to the loopback device, so a server bound to ``0.0.0.0`` answers each of
+    them and tells them apart by the address a connection arrived on. 127.0.0.x is left to other programs.
+
+    Example: 0 -> ``127.1.0.1``, 253 -> ``127.1.0.254``, 254 -> ``127.1.1.1``.
+    """
+    if not 0 <= index < _PER_BLOCK * 256:
+        raise ValueError(f"no loopback address for job {index}")
+    return f"127.1.{index // _PER_BLOCK}.{index % _PER_BLOCK + 1}"
+
+
+def job_of_address(address: str) -> int | None:
+    """The job index :func:`loopback_address` gave ``address`` (None for any other address)."""
+    parts = address.split(".")
+    if len(parts) != 4 or parts[:2] != ["127", "1"] or not all(p.isdigit() for p in parts[2:]):
+        return None
+    block, host = int(parts[2]), int(parts[3])
+    if block > 255 or not 1 <= host <= _PER_BLOCK:
+        return None
+    return block * _PER_BLOCK + host - 1
+
+
+def step_line(published: str, step: int, seconds: float) -> str:
+    """verl's console step line (``published``: one step as printed, its metrics on continuation lines) with
+    its step number set and every ``timing_s/*`` seconds scaled so that ``timing_s/step`` is ``seconds``: the
+    phases keep their shares of the step. The line is joined as Ray's log prefix carries it.
+
+    Example: the published gsm8k step (``timing_s/step:93.52``, ``timing_s/gen:24.53``) at 10 s ->
+    ``step:7 ... timing_s/gen:2.623... timing_s/step:10.0``.
+    """
+    lines = [part.strip() for part in published.strip().splitlines()]
+    head, body = lines[0], " ".join(lines[1:])
+    found = _STEP_SECONDS.search(body)
+    if found is None or float(found.group(1)) <= 0:
+        raise ValueError("the published step has no timing_s/step")
+    factor = seconds / float(found.group(1))
+    body = _TIMING.sub(lambda m: f"{m.group(1)}:{float(m.group(2)) * factor!r}", body)
+    prefix = head.split("step:", 1)[0]
+    return f"{prefix}step:{step} {body}"
+
+
+def per_job_per_interval(count: float, jobs: int, seconds: float, interval: float = 30.0) -> float:
+    """``count`` events over ``jobs`` jobs in ``seconds``, as events per job per ``interval`` seconds.
+
+    Example: 400 status writes of 200 jobs in 300 s -> 0.2 per job per 30 s.
+    """
+    if jobs <= 0 or seconds <= 0:
+        return math.nan
+    return count / jobs / (seconds / interval)

@@ -155,3 +155,52 @@ def test_a_py_spy_profile_ranks_functions_once_per_stack() -> None:
         ("dumps (json/encoder.py)", 0.2, 0.2),
     ]  # no thread plumbing
     assert S.profile_top("", 3) == (0, [])
+
+
+# ---- jobs reporting steps (bench/bench_progress.py) ----
+
+PUBLISHED = Path(__file__).parent / "data" / "verl-output" / "gsm8k-vllm-ray-wrapped.log"
+
+
+def test_loopback_addresses_are_distinct_loopback_and_map_back() -> None:
+    addresses = [S.loopback_address(i) for i in range(1000)]
+    assert len(set(addresses)) == 1000
+    assert (addresses[0], addresses[253], addresses[254]) == ("127.1.0.1", "127.1.0.254", "127.1.1.1")
+    for i, address in enumerate(addresses):
+        octets = [int(p) for p in address.split(".")]
+        assert octets[0] == 127 and octets[1] != 0 and 1 <= octets[3] <= 254
+        assert S.job_of_address(address) == i
+
+
+@pytest.mark.parametrize(
+    "address", ["127.0.0.1", "10.244.0.5", "127.1.0.0", "127.1.0.255", "::1", "127.1.x.1"]
+)
+def test_other_addresses_are_no_job(address: str) -> None:
+    assert S.job_of_address(address) is None
+
+
+def test_loopback_address_refuses_an_index_out_of_range() -> None:
+    with pytest.raises(ValueError):
+        S.loopback_address(-1)
+    with pytest.raises(ValueError):
+        S.loopback_address(254 * 256)
+
+
+def test_step_line_is_read_by_the_launcher_as_a_step_of_the_asked_time() -> None:
+    from verl_launcher.progress import ProgressTracker
+
+    tracker = ProgressTracker()
+    tracker.feed("(TaskRunner pid=1) Total training steps: 1007")
+    tracker.feed(S.step_line(PUBLISHED.read_text(), 7, 10.0))
+    doc = tracker.progress()
+    assert (doc.launch_phase, doc.step, doc.total_steps) == ("Stepping", 7, 1007)
+    assert doc.step_seconds == pytest.approx(10.0)
+    # the phases keep their shares of the published 93.52 s step (gen 24.53 s)
+    assert doc.phases["gen"] == pytest.approx(10.0 * 24.533394969068468 / 93.52434759191237)
+    assert doc.mfu == pytest.approx(0.3707644223640674)  # not a timer: unscaled
+
+
+def test_per_job_per_interval() -> None:
+    assert S.per_job_per_interval(400, 200, 300) == pytest.approx(0.2)
+    assert S.per_job_per_interval(3, 1, 60, interval=30) == pytest.approx(1.5)
+    assert math.isnan(S.per_job_per_interval(1, 0, 60))
