@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: venv demo test lint test-unit test-ray test-realverl test-cluster test-node test-fidelity verl-cpu-job bench crds settings clean
+.PHONY: venv demo test lint test-unit test-ray test-realverl test-cluster test-node test-fidelity verl-cpu-job verl-cpu-job-nodes bench crds settings clean
 
 # The product (verl-operator, with the launcher) and its development tooling (tools/: verl-operator-dev),
 # both editable.
@@ -53,6 +53,11 @@ test-realverl: venv
 ALGORITHM ?= grpo
 verl-cpu-job: venv
 	$(BIN)/python tests/realverl/run_job.py --algorithm $(ALGORITHM)
+
+# The same job as a VerlJob on a devcluster with two real kubelet nodes: the operator's head and worker pods
+# run verl's real trainer; the head pod's log as it comes, then the job's status (root; docs/realverl.md).
+verl-cpu-job-nodes: venv
+	$(BIN)/python tests/node/run_verl_cpu_job.py --algorithm $(ALGORITHM)
 
 test-cluster: venv
 	$(PYTEST) tests/cluster

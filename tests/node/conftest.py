@@ -26,10 +26,12 @@ from kubernetes import client
 
 from cluster.polling import wait_for
 from node import hostsnapshot
+from node.verl_cpu import HostVerl
 from verl_devtools.devcluster import DevCluster, binaries, imagebuild, oci, process, projectimages, realnodes
 from verl_devtools.devcluster.layout import COMPONENTS
 from verl_devtools.devcluster.nodeconfig import REAL_NODE_LABEL, REAL_NODE_TAINT
 from verl_devtools.devcluster.versions import cache_dir
+from verl_operator.policy import DEFAULT_VOLUME_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "verl-operator"
@@ -47,6 +49,12 @@ TEST_VENV = "/opt/venv"
 OWNER_WAIT_SECONDS = 1200.0
 
 Run = Callable[..., "subprocess.CompletedProcess[str]"]
+
+#: The admission policy's volume types in this cluster: the defaults and hostPath, which the real-verl job
+#: uses to mount the host's cached verl environment read-only (``verl_cpu.py``).
+ALLOWED_VOLUME_TYPES = (*DEFAULT_VOLUME_TYPES, "hostPath")
+#: The tests that run verl's real trainer (they need the real-verl environment, built before the first test).
+VERL_CPU_TESTS = Path(__file__).parent / "test_verl_cpu.py"
 
 #: Pods on the real nodes must tolerate the taint that keeps everything else off them.
 REAL_NODE_TOLERATION = {"key": REAL_NODE_TAINT["key"], "operator": "Exists"}
@@ -111,7 +119,8 @@ def pytest_runtestloop(session: pytest.Session) -> None:
     Only when tests run: ``pytest --collect-only`` installs and builds nothing.
 
     Cold: the kubelet, kube-proxy and CoreDNS builds, a Debian base from packages and two images (minutes,
-    see docs/devcluster.md); warm: file lookups.
+    see docs/devcluster.md), and the real-verl environment when its tests run and its tier has not built it
+    (docs/realverl.md); warm: file lookups.
     """
     if session.config.option.collectonly or os.geteuid() != 0:
         return
@@ -125,6 +134,8 @@ def pytest_runtestloop(session: pytest.Session) -> None:
         projectimages.build_operator_image()
         imagebuild.build(python_ray_recipe())
         imagebuild.build(python_ray_launcher_recipe())
+        if any(Path(str(item.fspath)) == VERL_CPU_TESTS for item in session.items):
+            HostVerl.ensure()  # cold: the real-verl environment (minutes of downloads), unless its tier built it
 
 
 def _remove_stale_instances() -> None:
@@ -240,34 +251,43 @@ def launcher_test_image(realcluster: DevCluster) -> str:
     return recipe.reference
 
 
+def chart_install_argv() -> list[str]:
+    """``helm install`` of the chart on the real nodes, hostPath volumes allowed (``ALLOWED_VOLUME_TYPES``)."""
+    return [
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        OPERATOR_NAMESPACE,
+        "--create-namespace",
+        "--set-string",
+        f"nodeSelector.{REAL_NODE_LABEL.replace('.', chr(92) + '.')}=true",
+        "--set",
+        f"tolerations[0].key={REAL_NODE_TAINT['key']}",
+        "--set",
+        "tolerations[0].operator=Exists",
+        "--set",
+        "policy.allowedVolumeTypes={" + ",".join(ALLOWED_VOLUME_TYPES) + "}",
+        "--wait",
+        "--timeout=180s",
+    ]
+
+
+@pytest.fixture(scope="session")
+def host_verl() -> HostVerl:
+    """The real-verl environment, its base interpreter, the assets and the CPU shim, mounted by the pods."""
+    return HostVerl.ensure()
+
+
 @pytest.fixture(scope="session")
 def operator_release(realcluster: DevCluster, helm: Run, kube: client.ApiClient) -> Iterator[dict[str, Any]]:
     """``helm install`` of the chart with its defaults (the locally built operator image, two replicas with
-    leader election) on the real nodes.
+    leader election) on the real nodes; the admission policy allows hostPath volumes too.
 
     Returns the release's namespace, name and the operator pod: the replica that holds the leader Lease, once
     both replicas are Ready.
     """
-    helm(
-        [
-            "install",
-            RELEASE,
-            str(CHART),
-            "--namespace",
-            OPERATOR_NAMESPACE,
-            "--create-namespace",
-            "--set-string",
-            f"nodeSelector.{REAL_NODE_LABEL.replace('.', chr(92) + '.')}=true",
-            "--set",
-            f"tolerations[0].key={REAL_NODE_TAINT['key']}",
-            "--set",
-            "tolerations[0].operator=Exists",
-            "--wait",
-            "--timeout=180s",
-        ],
-        check=True,
-        timeout=240,
-    )
+    helm(chart_install_argv(), check=True, timeout=240)
     core = client.CoreV1Api(kube)
 
     def ready_pod() -> Any:
