@@ -143,6 +143,28 @@ CASES = [
         "rollout-response-length",
         id="response-length-longer",
     ),
+    pytest.param(rules_rollout.rollout_prompt_length, {}, {}, None, id="prompt-length-unpinned"),
+    pytest.param(
+        rules_rollout.rollout_prompt_length,
+        {"max_prompt_length": 1024},
+        {"rollout_prompt_length": 1024},
+        None,
+        id="prompt-length-as-data",
+    ),
+    pytest.param(
+        rules_rollout.rollout_prompt_length,
+        {"max_prompt_length": 1024},
+        {"rollout_prompt_length": 512},
+        None,
+        id="prompt-length-shorter",
+    ),
+    pytest.param(
+        rules_rollout.rollout_prompt_length,
+        {"max_prompt_length": 1024},
+        {"rollout_prompt_length": 1025},
+        "rollout-prompt-length",
+        id="prompt-length-longer",
+    ),
     pytest.param(
         rules_rollout.batched_tokens_cover_model_len,
         {"version": "0.6", "max_num_batched_tokens": 8192, "max_response_length": 16384},
@@ -334,6 +356,19 @@ def test_a_longer_rollout_response_length_shows_both_sequence_lengths() -> None:
     assert v.suggestions == [
         "set spec.data.maxResponseLength to 4096 and drop the override",
         "or use response_length 1024 or less",
+    ]
+
+
+def test_a_longer_rollout_prompt_length_shows_both_sequence_lengths() -> None:
+    p = problem(max_prompt_length=512, max_response_length=1024)
+    [v] = apply(rules_rollout.rollout_prompt_length, p, settings(rollout_prompt_length=2048))
+    assert v.message == (
+        "rollout prompt_length 2048 exceeds maxPromptLength 512: the rollout sizes 2048 + 1024 = 3072 tokens "
+        "per sequence, the plan 512 + 1024 = 1536"
+    )
+    assert v.suggestions == [
+        "set spec.data.maxPromptLength to 2048 and drop the override",
+        "or use prompt_length 512 or less",
     ]
 
 

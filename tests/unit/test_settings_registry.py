@@ -463,16 +463,18 @@ def test_a_settings_plan_field_holds_the_value_its_keys_are_emitted_with(version
 
 
 @pytest.mark.parametrize("version", ["0.6", "0.9"])
-def test_a_kept_setting_is_read_checked_and_written_back(version: str) -> None:
-    """``actor_rollout_ref.rollout.response_length`` (a kept pin): taken out of the user's overrides, written
-    back once among the planner's keys, refused above ``maxResponseLength``, left to verl's default unset."""
-    key = "actor_rollout_ref.rollout.response_length"
+@pytest.mark.parametrize("length", ["response", "prompt"])
+def test_a_kept_setting_is_read_checked_and_written_back(version: str, length: str) -> None:
+    """``actor_rollout_ref.rollout.response_length`` / ``prompt_length`` (kept pins): taken out of the user's
+    overrides, written back once among the planner's keys, refused above ``maxResponseLength`` /
+    ``maxPromptLength``, left to verl's default unset."""
+    key = f"actor_rollout_ref.rollout.{length}_length"
 
     def plan(*overrides: str) -> Any:
         spec = make_spec(
             8,
             verl={"image": "x", "version": version},
-            data={"maxResponseLength": 1024},
+            data={"maxResponseLength": 1024, "maxPromptLength": 1024},
             overrides=[*overrides, "trainer.total_epochs=2"],
         )
         return plan_job(spec, make_nodes(1))
@@ -486,7 +488,7 @@ def test_a_kept_setting_is_read_checked_and_written_back(version: str) -> None:
     longer = plan(f"{key}=2048")
     assert longer.plan is None
     assert [(v.rule, v.field) for v in longer.violations] == [
-        ("rollout-response-length", f"spec.overrides[0] ({key})")
+        (f"rollout-{length}-length", f"spec.overrides[0] ({key})")
     ]
 
 

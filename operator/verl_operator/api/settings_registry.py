@@ -676,6 +676,15 @@ SETTINGS = Registry(
             optional=True,
         ),
         _row(
+            "rollout_prompt_length",
+            "int",
+            "Most prompt tokens the rollout sizes per sequence (verl: data.max_prompt_length unless set).",
+            f"{ARR}.rollout.prompt_length",
+            bounds=_int(1, L.MAX_TOKENS),
+            search="keep",
+            optional=True,
+        ),
+        _row(
             "sequence_parallel_size",
             "int",
             "Ulysses sequence parallel size of actor/ref/critic.",

@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from verl_operator.planner.overrides import Value
 
 #: The settings every candidate keeps as pinned (``search="keep"``).
-KEPT: tuple[str, ...] = ("rollout_response_length",)
+KEPT: tuple[str, ...] = (
+    "rollout_response_length",
+    "rollout_prompt_length",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,6 +24,7 @@ class Chosen:
     rollout_tp: int
     gpu_memory_utilization: float
     rollout_response_length: int | None = None
+    rollout_prompt_length: int | None = None
     sequence_parallel_size: int
     fsdp_size: int
     param_offload: bool
@@ -49,6 +53,7 @@ class Fixed:
     rollout_tp: int | None = None
     gpu_memory_utilization: float | None = None
     rollout_response_length: int | None = None
+    rollout_prompt_length: int | None = None
     sequence_parallel_size: int | None = None
     fsdp_size: int | None = None
     param_offload: bool | None = None

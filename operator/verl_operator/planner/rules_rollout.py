@@ -167,6 +167,33 @@ def rollout_response_length(p: Problem, mesh: Mesh) -> list[Violation]:
     ]
 
 
+def rollout_prompt_length(p: Problem, mesh: Mesh) -> list[Violation]:
+    """A pinned ``rollout.prompt_length`` is at most ``data.max_prompt_length`` (verl's default takes it, 0.6.1
+    ``trainer/config/rollout/rollout.yaml`` line 21). The server rollouts size the engine from the rollout's
+    lengths whatever ``max_model_len`` says (0.6.1 ``vllm_async_server.py`` line 155: ``max_model_len =
+    prompt_length + response_length``) and verl 0.6's SPMD rollout checks the model's positions against them
+    (``vllm_rollout_spmd.py`` line 177), while the planner's ``max_model_len``, KV cache, memory and token
+    budgets count ``data.max_prompt_length``."""
+    pinned = mesh.settings.rollout_prompt_length
+    if pinned is None or pinned <= p.max_prompt_length:
+        return []
+    return [
+        Violation(
+            field=_field(p, "rollout_prompt_length"),
+            rule="rollout-prompt-length",
+            message=(
+                f"rollout prompt_length {pinned} exceeds maxPromptLength {p.max_prompt_length}: the rollout "
+                f"sizes {pinned} + {p.max_response_length} = {pinned + p.max_response_length} tokens per "
+                f"sequence, the plan {p.max_prompt_length} + {p.max_response_length} = {p.seq_len}"
+            ),
+            suggestions=[
+                f"set spec.data.maxPromptLength to {pinned} and drop the override",
+                f"or use prompt_length {p.max_prompt_length} or less",
+            ],
+        )
+    ]
+
+
 def batched_tokens_cover_model_len(p: Problem, mesh: Mesh) -> list[Violation]:
     """verl 0.6 SPMD vLLM rollout: with chunked prefill, ``max_num_batched_tokens >= max_model_len`` (SGLang's
     SPMD rollout does not pass ``max_num_batched_tokens`` to its engine)."""
