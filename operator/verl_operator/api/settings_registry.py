@@ -8,15 +8,18 @@ the rows, never written again:
 
 - the CRD's bounds, defaults and descriptions of those spec fields (:meth:`Registry.field`, used by
   ``api.spec``, which gives only each field's Python type);
-- the planner's candidate and pins (``Chosen``, the base of ``planner.inputs.Settings``, and ``Fixed``),
-  written as typed code by ``make settings`` (``api/settings_codegen.py``; a unit test fails on drift);
+- the planner's candidate and pins (``Chosen``, the base of ``planner.inputs.Settings``, and ``Fixed``) and
+  the job's held settings (``Held``, the base of ``planner.inputs.Problem``), written as typed code by
+  ``make settings`` (``api/settings_codegen.py``; a unit test fails on drift);
 - the override reader's tables (``planner.dialect.INPUT_KEYS`` and ``READ_KEYS``), the spec paths named in
   violations (``planner.inputs.SPEC_PATHS``) and the structured fields merged into the pins;
 - the integer bounds applied to pinned overrides (``planner.reader``);
 - the keys the dialect emitter writes, in row order, for the jobs each row applies to (``engine``,
   ``batching``, ``critic_only``, ``optional``; ``planner.dialect.emit``, which refuses a row it has no value
-  for), and the engine's settings (``planner.megatron.MEGATRON_SETTINGS``, ``FSDP_ONLY_SETTINGS``);
-- the plan fields that carry a setting as chosen (``planner.report``).
+  for; importing ``planner.dialect`` fails on such a row), and the engine's settings (``planner.megatron.MEGATRON_SETTINGS``, ``FSDP_ONLY_SETTINGS``);
+- the plan fields that carry a setting as chosen (``planner.report``), and the batching ones' types and
+  status-schema descriptions (``api/_plan_generated.py``, the base of ``api.plan.BatchingPlan``, also
+  written by ``make settings``).
 
 Adding a setting is adding a row, the rule or search step that uses it and its tests (see ``docs/planner.md``,
 "Settings registry: adding a setting"). The rows are plain data: the api layer is the bottom of the import
