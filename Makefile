@@ -75,9 +75,10 @@ test-fidelity: venv
 # verl's own config code.
 test: lint test-unit test-ray test-realverl test-cluster test-node test-fidelity
 
-# The planner's typed views of the settings registry (a unit test fails when they drift from the rows).
+# The typed views of the settings registry (a unit test fails when they drift from the rows).
 settings: venv
-	$(BIN)/python -m verl_operator.api.settings_codegen > operator/verl_operator/planner/_settings_generated.py
+	$(BIN)/python -m verl_operator.api.settings_codegen planner > operator/verl_operator/planner/_settings_generated.py
+	$(BIN)/python -m verl_operator.api.settings_codegen plan > operator/verl_operator/api/_plan_generated.py
 
 # The CRD is generated from the pydantic models; the chart ships a copy (a unit test checks both).
 crds: venv

@@ -89,6 +89,8 @@ QWEN7B = catalog_entry("Qwen/Qwen2.5-7B-Instruct")
 def make_problem(**kw: Any) -> Problem:
     """Planner facts for Qwen2.5-7B (28 heads, 4 KV heads) on 80 GB GPUs, verl 0.9; ``kw`` overrides fields."""
     base = Problem(
+        adv_estimator="grpo",
+        model_path="Qwen/Qwen2.5-7B-Instruct",
         version="0.9",
         shape=QWEN7B.shape,  # 28 heads, 4 KV heads, 32768 positions
         params=QWEN7B.params_total,

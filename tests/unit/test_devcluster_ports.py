@@ -21,7 +21,7 @@ from verl_devtools.devcluster.ports import (
     port_is_free,
     serves_certificate,
 )
-from verl_devtools.devcluster.realnodes import retry_on_taken_ports
+from verl_devtools.devcluster.realnodes import HOST_AGENT_PORTS, retry_on_taken_ports
 from verl_operator.controller.webhook import write_self_signed
 
 
@@ -143,6 +143,31 @@ def test_a_kubelet_whose_port_was_taken_starts_again_on_new_ports() -> None:
         assert node_ports["real-0_healthz"] != before["real-0_healthz"]
         assert node_ports["dns_ready"] == before["dns_ready"]  # the other agents keep theirs
         assert saved == [node_ports]  # the new ports are in the state before the second start
+    finally:
+        for sock in server.bound:
+            sock.close()
+
+
+@pytest.mark.parametrize("agent", sorted(HOST_AGENT_PORTS))
+@pytest.mark.parametrize("taken", [0, 1], ids=["first-port", "second-port"])
+def test_kube_proxy_or_coredns_whose_port_was_taken_starts_again_on_new_ports(agent: str, taken: int) -> None:
+    """kube-proxy (healthz, metrics) and CoreDNS (health, ready) bind ports picked earlier: one taken in
+    between is picked anew with its agent's others, and the kubelets' ports stay as they are."""
+    keys = HOST_AGENT_PORTS[agent]
+    node_ports = pick_free_ports([*KUBELET_KEYS, *(k for ks in HOST_AGENT_PORTS.values() for k in ks)])
+    before = dict(node_ports)
+    server = _Server(node_ports, keys[taken])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.bind(("127.0.0.1", before[keys[taken]]))
+        other.listen()
+        retry_on_taken_ports(server, node_ports, keys, avoid=set(), save=lambda: None)
+    try:
+        assert server.starts == 2
+        assert server.bound[0].getsockname()[1] == node_ports[keys[taken]] != before[keys[taken]]
+        assert all(node_ports[k] != before[k] for k in keys)
+        assert {k: node_ports[k] for k in node_ports if k not in keys} == {
+            k: before[k] for k in before if k not in keys
+        }
     finally:
         for sock in server.bound:
             sock.close()

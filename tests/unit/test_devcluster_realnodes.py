@@ -109,6 +109,8 @@ def test_kube_proxy_serves_node_ports_only_on_the_node_addresses(tmp_path: Path)
     assert config["iptables"]["localhostNodePorts"] is False
     assert config["conntrack"]["maxPerCore"] == 0
     assert config["healthzBindAddress"].startswith("127.0.0.1:")
+    # A taken healthz or metrics port ends kube-proxy (the devcluster then starts it on new ports).
+    assert config["bindAddressHardFail"] is True
 
 
 def test_cni_network_uses_the_tiers_bridge_and_pod_range(tmp_path: Path) -> None:

@@ -4,24 +4,27 @@ and a row the plan has no value for is refused, never dropped."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
 import pytest
-from conftest import make_nodes, make_spec
+from conftest import make_nodes, make_problem, make_spec
 from pydantic import ValidationError, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from verl_operator.api import settings_codegen
+from verl_operator.api.plan import BatchingPlan
 from verl_operator.api.settings_registry import SETTINGS, Bounds, Registry, SettingRow
 from verl_operator.api.spec import SUPPORTED_VERL_VERSIONS, Algorithm, VerlJobSpec
 from verl_operator.crdgen import build_crd
-from verl_operator.planner import plan_job
-from verl_operator.planner.dialect import INPUT_KEYS, READ_KEYS, Emitted, emit, format_value
-from verl_operator.planner.inputs import SPEC_PATHS, Settings, spec_value
+from verl_operator.planner import plan_job, resolve
+from verl_operator.planner._settings_generated import Held
+from verl_operator.planner.dialect import INPUT_KEYS, READ_KEYS, emit, format_value, unreachable
+from verl_operator.planner.inputs import SPEC_PATHS, Problem, Settings, spec_value
 from verl_operator.planner.megatron import FSDP_ONLY_SETTINGS, MEGATRON_SETTINGS
 from verl_operator.planner.overrides import parse_overrides, read_owned
 from verl_operator.planner.reader import Reader
@@ -69,22 +72,6 @@ def _settings(cls: type[Settings] = Settings) -> Settings:
     )
 
 
-def _emitted(settings: Settings, version: str) -> Emitted:
-    return Emitted(
-        settings=settings,
-        version=version,
-        model_path="Qwen/Qwen2.5-7B-Instruct",
-        adv_estimator="grpo",
-        train_files=None,
-        val_files=None,
-        max_prompt_length=512,
-        max_response_length=512,
-        max_model_len=1024,
-        max_num_batched_tokens=8192,
-        critic=False,
-    )
-
-
 # -- one row is enough ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("key", ["trainer.dummy_knob", "trainer.old_dummy_knob"])
 def test_a_new_row_is_read_from_either_spelling(key: str) -> None:
@@ -119,9 +106,9 @@ def test_two_spellings_of_a_new_row_must_agree() -> None:
     ("version", "key"), [("0.6", "trainer.old_dummy_knob"), ("0.9", "trainer.dummy_knob")]
 )
 def test_a_new_row_is_emitted_in_each_release_lines_spelling(version: str, key: str) -> None:
-    planned = _emitted(_settings(DummySettings), version)
-    with_dummy = emit(planned, [], WITH_DUMMY)
-    without = emit(planned, [])
+    st, p = _settings(DummySettings), make_problem(version=version)
+    with_dummy = emit(st, p, [], WITH_DUMMY)
+    without = emit(st, p, [])
     assert [o for o in with_dummy if o not in without] == [f"{key}=7"]
     assert [o for o in with_dummy if o.startswith("trainer.")] == [
         "trainer.nnodes=1",
@@ -156,17 +143,96 @@ def test_a_row_the_plan_has_no_value_for_fails_loudly() -> None:
         keys=("trainer.orphan_knob",),
         emits=("trainer.orphan_knob",),
     )
-    planned = _emitted(_settings(), "0.9")
+    st, p = _settings(), make_problem()
     with pytest.raises(LookupError, match=r"'orphan_knob' owns trainer\.orphan_knob"):
-        emit(planned, [], SETTINGS.with_rows(orphan))
+        emit(st, p, [], SETTINGS.with_rows(orphan))
     # Applying only to the other engine, it is not emitted, so not refused.
-    assert emit(planned, [], SETTINGS.with_rows(replace(orphan, engine="megatron"))) == emit(planned, [])
+    assert emit(st, p, [], SETTINGS.with_rows(replace(orphan, engine="megatron"))) == emit(st, p, [])
+    # The same check runs over the product's rows when the dialect is imported: none is unreachable.
+    assert unreachable(SETTINGS.with_rows(orphan)) == ["orphan_knob"]
+    assert unreachable(SETTINGS.with_rows(replace(orphan, emits=()))) == []
+    assert unreachable() == []
 
 
-def test_the_generated_planner_views_are_the_rows() -> None:
-    """``planner/_settings_generated.py`` is what ``make settings`` writes from the rows now."""
-    with open(Path(__file__).parents[2] / settings_codegen.PATH, encoding="utf-8") as f:
-        assert f.read() == settings_codegen.render(), "run `make settings`"
+@pytest.mark.parametrize(
+    ("path", "render"),
+    [
+        (settings_codegen.PATH, settings_codegen.render),
+        (settings_codegen.PLAN_PATH, settings_codegen.render_plan),
+    ],
+    ids=["planner", "plan"],
+)
+def test_the_generated_views_are_the_rows(path: str, render: Any) -> None:
+    """``planner/_settings_generated.py`` and ``api/_plan_generated.py`` are what ``make settings`` writes from
+    the rows now."""
+    with open(Path(__file__).parents[2] / path, encoding="utf-8") as f:
+        assert f.read() == render(), "run `make settings`"
+
+
+def test_a_held_row_becomes_a_typed_field_of_the_job() -> None:
+    """``held="value"``: required, or verl's default; ``held="pin"``: None unless set; paths as written."""
+    held = replace(DUMMY, held="value")
+
+    def job_fields(row: SettingRow) -> str:
+        return settings_codegen.render(SETTINGS.with_rows(row)).split("class Held:")[1]
+
+    assert "    dummy_knob: int\n" in job_fields(held)
+    assert "    dummy_knob: int = 4\n" in job_fields(replace(held, verl_default=4))
+    assert "    dummy_knob: int | None = None\n" in job_fields(replace(held, held="pin"))
+    assert "    dummy_knob: Value | None = None\n" in job_fields(replace(held, held="pin", kind="paths"))
+    with pytest.raises(ValueError, match="held by the job and also a candidate's"):
+        SETTINGS.with_rows(replace(held, search="choose"))
+    with pytest.raises(ValueError, match="cannot hold a value of kind 'any'"):
+        settings_codegen.render(SETTINGS.with_rows(replace(held, kind="any")))
+
+
+#: The dummy knob held by the job: its pin, else verl's default 4, in the job's facts.
+HELD_DUMMY = SETTINGS.with_rows(replace(DUMMY, held="value", verl_default=4))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DummyProblem(Problem):
+    """The job's facts with the dummy knob held (as ``make settings`` would write it into ``Held``)."""
+
+    dummy_knob: int = 4
+
+
+@pytest.mark.parametrize(("overrides", "held"), [(["trainer.old_dummy_knob=9"], 9), ([], 4)])
+def test_a_held_row_is_read_into_the_job_and_emitted_with_no_other_edit(
+    overrides: list[str], held: int
+) -> None:
+    parsed, _, _ = parse_overrides(overrides)
+    pins, _, _ = read_owned(parsed, HELD_DUMMY.input_keys())
+    reader = Reader(pins, {}, HELD_DUMMY)
+    # What the resolver gives itself: every product row it holds (none is left to the generic read).
+    p = make_problem(version="0.9")
+    given = {f.name: getattr(p, f.name) for f in fields(Held)}
+    assert resolve._held(Reader({}, {}), given) == {}
+    read = resolve._held(reader, given, HELD_DUMMY)
+    assert read == {"dummy_knob": held} and reader.violations == []
+    assert resolve._held(reader, {**given, "dummy_knob": 2}, HELD_DUMMY) == {}  # the resolver's value wins
+    problem = DummyProblem(**{**{f.name: getattr(p, f.name) for f in fields(p)}, **read})
+    out = emit(_settings(), problem, [], HELD_DUMMY)
+    assert [o for o in out if o.startswith("trainer.")][-1] == f"trainer.dummy_knob={held}"
+
+
+def test_the_batching_plan_describes_each_setting_as_its_row_does() -> None:
+    """The status schema's ``plan.batching`` fields that carry a setting: its row's description and type."""
+    properties = BatchingPlan.model_json_schema(by_alias=True)["properties"]
+    settings = SETTINGS.plan_fields("batching")
+    assert {"trainBatchSize", "rolloutN", "ppoMiniBatchSize"} <= set(properties)
+    for name, field in settings.items():
+        wire = BatchingPlan.model_fields[field].alias
+        assert properties[wire]["description"] == SETTINGS[name].description, name
+        optional = "anyOf" in properties[wire]
+        assert optional is SETTINGS[name].unset_in_some_jobs, name
+    # A new row with a batching plan field is a new described field, no other edit.
+    row = replace(DUMMY, plan="batching.dummyKnob", search="choose", batching="static")
+    text = settings_codegen.render_plan(SETTINGS.with_rows(row))
+    assert (
+        f"    dummy_knob: int | None = Field(default=None, description={json.dumps(DUMMY.description)})\n"
+        in text
+    )
 
 
 def test_a_chosen_row_becomes_a_typed_field_of_the_candidate_and_the_pin() -> None:
@@ -296,10 +362,8 @@ def test_a_rows_keys_are_emitted_for_the_jobs_it_applies_to(
         log_prob_max_token_len_per_gpu=4096 if dynamic else None,
         critic_ppo_micro_batch_size_per_gpu=2,
     )
-    keys = [
-        o.split("=", 1)[0]
-        for o in emit(replace(_emitted(settings, "0.9"), critic=critic, training_engine=engine), [])
-    ]
+    p = make_problem(version="0.9", needs_critic=critic, training_engine=engine)
+    keys = [o.split("=", 1)[0] for o in emit(settings, p, [])]
     assert [k for k in present if k not in keys] == []
     assert [k for k in absent if k in keys] == []
     assert len(keys) == len(set(keys))
@@ -399,16 +463,18 @@ def test_a_settings_plan_field_holds_the_value_its_keys_are_emitted_with(version
 
 
 @pytest.mark.parametrize("version", ["0.6", "0.9"])
-def test_a_kept_setting_is_read_checked_and_written_back(version: str) -> None:
-    """``actor_rollout_ref.rollout.response_length`` (a kept pin): taken out of the user's overrides, written
-    back once among the planner's keys, refused above ``maxResponseLength``, left to verl's default unset."""
-    key = "actor_rollout_ref.rollout.response_length"
+@pytest.mark.parametrize("length", ["response", "prompt"])
+def test_a_kept_setting_is_read_checked_and_written_back(version: str, length: str) -> None:
+    """``actor_rollout_ref.rollout.response_length`` / ``prompt_length`` (kept pins): taken out of the user's
+    overrides, written back once among the planner's keys, refused above ``maxResponseLength`` /
+    ``maxPromptLength``, left to verl's default unset."""
+    key = f"actor_rollout_ref.rollout.{length}_length"
 
     def plan(*overrides: str) -> Any:
         spec = make_spec(
             8,
             verl={"image": "x", "version": version},
-            data={"maxResponseLength": 1024},
+            data={"maxResponseLength": 1024, "maxPromptLength": 1024},
             overrides=[*overrides, "trainer.total_epochs=2"],
         )
         return plan_job(spec, make_nodes(1))
@@ -422,7 +488,7 @@ def test_a_kept_setting_is_read_checked_and_written_back(version: str) -> None:
     longer = plan(f"{key}=2048")
     assert longer.plan is None
     assert [(v.rule, v.field) for v in longer.violations] == [
-        ("rollout-response-length", f"spec.overrides[0] ({key})")
+        (f"rollout-{length}-length", f"spec.overrides[0] ({key})")
     ]
 
 

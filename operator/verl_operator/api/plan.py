@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field
 
 from verl_operator.api import limits as L
+from verl_operator.api._plan_generated import BatchingSettings
 from verl_operator.api.base import ApiModel
 
 #: Candidate node names a plan lists (the count is always there): a plan, and the ``status.plan`` that holds
@@ -66,32 +67,17 @@ class RolloutPlan(ApiModel):
     kv_cache_tokens_per_replica: int = Field(description="Tokens the KV cache of one replica holds.")
 
 
-class BatchingPlan(ApiModel):
-    """Batch sizes and the derived per-GPU numbers."""
+class BatchingPlan(BatchingSettings):
+    """Batch sizes and the derived per-GPU numbers: the settings as chosen (``BatchingSettings``, from the
+    settings registry's rows) and what the mesh derives from them."""
 
-    train_batch_size: int = Field(description="Prompts per step (data.train_batch_size).")
-    rollout_n: int = Field(description="Responses per prompt (rollout.n).")
     trajectories_per_step: int = Field(description="trainBatchSize x rolloutN.")
-    ppo_mini_batch_size: int = Field(description="Prompts per PPO mini-batch.")
     mini_batch_per_gpu: int = Field(description="Sequences of one mini-batch on each GPU.")
-    ppo_micro_batch_size_per_gpu: int | None = Field(
-        default=None, description="Sequences per GPU per forward/backward (null with dynamic batch size)."
-    )
     gradient_accumulation_steps: int | None = Field(
         default=None, description="Micro-batches per mini-batch on each GPU."
     )
-    log_prob_micro_batch_size_per_gpu: int | None = Field(
-        default=None, description="Sequences per GPU per log-prob forward."
-    )
     log_prob_passes_per_gpu: int | None = Field(
         default=None, description="Log-prob forwards per GPU per step."
-    )
-    dynamic_batch_size: bool = Field(description="Micro-batches packed by token count (use_dynamic_bsz).")
-    max_token_len_per_gpu: int | None = Field(
-        default=None, description="Token budget per GPU with dynamic batch size."
-    )
-    log_prob_max_token_len_per_gpu: int | None = Field(
-        default=None, description="Log-prob token budget per GPU with dynamic batch size."
     )
     mini_batches_per_step: int = Field(description="PPO mini-batches per step.")
 

@@ -8,15 +8,18 @@ the rows, never written again:
 
 - the CRD's bounds, defaults and descriptions of those spec fields (:meth:`Registry.field`, used by
   ``api.spec``, which gives only each field's Python type);
-- the planner's candidate and pins (``Chosen``, the base of ``planner.inputs.Settings``, and ``Fixed``),
-  written as typed code by ``make settings`` (``api/settings_codegen.py``; a unit test fails on drift);
+- the planner's candidate and pins (``Chosen``, the base of ``planner.inputs.Settings``, and ``Fixed``) and
+  the job's held settings (``Held``, the base of ``planner.inputs.Problem``), written as typed code by
+  ``make settings`` (``api/settings_codegen.py``; a unit test fails on drift);
 - the override reader's tables (``planner.dialect.INPUT_KEYS`` and ``READ_KEYS``), the spec paths named in
   violations (``planner.inputs.SPEC_PATHS``) and the structured fields merged into the pins;
 - the integer bounds applied to pinned overrides (``planner.reader``);
 - the keys the dialect emitter writes, in row order, for the jobs each row applies to (``engine``,
   ``batching``, ``critic_only``, ``optional``; ``planner.dialect.emit``, which refuses a row it has no value
-  for), and the engine's settings (``planner.megatron.MEGATRON_SETTINGS``, ``FSDP_ONLY_SETTINGS``);
-- the plan fields that carry a setting as chosen (``planner.report``).
+  for; importing ``planner.dialect`` fails on such a row), and the engine's settings (``planner.megatron.MEGATRON_SETTINGS``, ``FSDP_ONLY_SETTINGS``);
+- the plan fields that carry a setting as chosen (``planner.report``), and the batching ones' types and
+  status-schema descriptions (``api/_plan_generated.py``, the base of ``api.plan.BatchingPlan``, also
+  written by ``make settings``).
 
 Adding a setting is adding a row, the rule or search step that uses it and its tests (see ``docs/planner.md``,
 "Settings registry: adding a setting"). The rows are plain data: the api layer is the bottom of the import
@@ -80,7 +83,12 @@ class SettingRow:
             and of ``Fixed``, the pin); ``keep``: every candidate keeps the pin as it is (None unless pinned;
             the rules check it, the emitter writes it back: ``optional``); ``pin``: the search only reads the
             pin (a field of ``Fixed``); None: neither (``planner/_settings_generated.py``, ``make settings``).
-        verl_default: The value a chosen setting has where the job does not use it (verl's default).
+        held: The job's value, held fixed while the search varies the candidate: a field of the planner's
+            ``Held`` (the base of ``planner.inputs.Problem``; the emitter reads it there). ``value``: always
+            set (``verl_default`` when the row has one and the job sets none); ``pin``: None unless set.
+            ``planner.resolve`` reads a held row's pin as its ``kind`` unless it computes the value itself.
+        verl_default: verl's default: the value a chosen setting has where the job does not use it, and a held
+            setting's when the job sets none.
         spec_default: The spec field's default (None: the field is optional and pins nothing unless set; a
             ``paths`` field is an empty list, at most ``limits.MAX_FILES`` long).
     """
@@ -100,6 +108,7 @@ class SettingRow:
     critic_only: bool = False
     optional: bool = False
     search: Literal["choose", "keep", "pin"] | None = None
+    held: Literal["value", "pin"] | None = None
     verl_default: int | float | bool | str | None = None
     spec_default: int | float | bool | str | None = None
 
@@ -114,6 +123,12 @@ class SettingRow:
             and self.batching in (None, "dynamic" if dynamic else "static")
             and (critic or not self.critic_only)
         )
+
+    @property
+    def unset_in_some_jobs(self) -> bool:
+        """The setting has no value in some jobs (emitted only with some batching, with a critic or when set):
+        its candidate field and its plan field may be None."""
+        return self.batching is not None or self.critic_only or self.optional
 
     @property
     def spec_path(self) -> str | None:
@@ -224,6 +239,10 @@ def _check(rows: tuple[SettingRow, ...]) -> None:
             raise ValueError(f"setting {row.name!r}: bounds {row.bounds} are not in order")
         if unknown := set(row.emits_by_line) - set(LINES):
             raise ValueError(f"setting {row.name!r}: no release line {sorted(unknown)}")
+        if row.held is not None and row.search in ("choose", "keep"):
+            raise ValueError(
+                f"setting {row.name!r} is held by the job and also a candidate's (search={row.search!r})"
+            )
         if row.search == "keep" and not row.optional:
             raise ValueError(
                 f"setting {row.name!r} is kept as pinned (None unless pinned): it must be optional"
@@ -285,6 +304,8 @@ MEGATRON_ROWS: tuple[SettingRow, ...] = (
         spec="parallelism.engine",
         emit=False,
         plan="training.engine",
+        held="value",
+        verl_default="fsdp",
     ),
     *(
         _row(
@@ -328,6 +349,7 @@ MEGATRON_ROWS: tuple[SettingRow, ...] = (
         "critic.megatron.sequence_parallel",
         emit=False,
         engine="megatron",
+        held="pin",
     ),
     _row(
         "megatron_param_offload",
@@ -506,8 +528,16 @@ SETTINGS = Registry(
             "algorithm.adv_estimator",
             spec="algorithm",
             spec_default="grpo",
+            held="value",
         ),
-        _row("model_path", "str", "The policy model's path.", f"{ARR}.model.path", spec="model.path"),
+        _row(
+            "model_path",
+            "str",
+            "The policy model's path.",
+            f"{ARR}.model.path",
+            spec="model.path",
+            held="value",
+        ),
         _row(
             "train_files",
             "paths",
@@ -515,6 +545,7 @@ SETTINGS = Registry(
             "data.train_files",
             spec="data.trainFiles",
             optional=True,
+            held="pin",
         ),
         _row(
             "val_files",
@@ -523,6 +554,7 @@ SETTINGS = Registry(
             "data.val_files",
             spec="data.valFiles",
             optional=True,
+            held="pin",
         ),
         _row(
             "train_batch_size",
@@ -542,6 +574,7 @@ SETTINGS = Registry(
             spec="data.maxPromptLength",
             spec_default=512,
             bounds=_int(1, L.MAX_TOKENS),
+            held="value",
         ),
         _row(
             "max_response_length",
@@ -551,6 +584,7 @@ SETTINGS = Registry(
             spec="data.maxResponseLength",
             spec_default=512,
             bounds=_int(1, L.MAX_TOKENS),
+            held="value",
         ),
         _row(
             "nnodes",
@@ -576,6 +610,8 @@ SETTINGS = Registry(
             "only).",
             f"{ARR}.rollout.name",
             spec="rollout.name",
+            held="value",
+            verl_default="vllm",
         ),
         _row(
             "rollout_mode",
@@ -583,6 +619,7 @@ SETTINGS = Registry(
             "verl's rollout.mode: sync (SPMD, verl 0.6) or async (vLLM servers).",
             f"{ARR}.rollout.mode",
             plan="rollout.mode",
+            held="pin",
         ),
         _row(
             "rollout_n",
@@ -622,6 +659,7 @@ SETTINGS = Registry(
             f"{ARR}.rollout.max_model_len",
             bounds=_int(1, L.MAX_TOKENS),
             plan="rollout.maxModelLen",
+            held="pin",
         ),
         _row(
             "max_num_batched_tokens",
@@ -629,6 +667,7 @@ SETTINGS = Registry(
             "Tokens vLLM batches per step (at least max_model_len in verl 0.6's SPMD rollout).",
             f"{ARR}.rollout.max_num_batched_tokens",
             bounds=_int(1, L.MAX_TOKEN_BUDGET),
+            held="value",
         ),
         _row(
             "rollout_response_length",
@@ -677,6 +716,7 @@ SETTINGS = Registry(
             "Micro-batches hold only real tokens (set by the planner with Ulysses SP).",
             f"{ARR}.model.use_remove_padding",
             optional=True,
+            held="pin",
         ),
         _row(
             "fsdp_size",
@@ -805,6 +845,7 @@ SETTINGS = Registry(
             "critic.model.path",
             spec="critic.model.path",
             critic_only=True,
+            held="pin",
         ),
         # -- owned, not emitted: verl's deprecated global forms (the planner emits the _per_gpu forms) ---------
         _row(
@@ -849,12 +890,15 @@ SETTINGS = Registry(
             "The model's longest sequence, raised by override_config.",
             f"{ARR}.model.override_config.max_position_embeddings",
             bounds=_int(1, L.MAX_TOKENS),
+            held="pin",
         ),
         _read(
             "gradient_checkpointing",
             "bool",
             "Activation recomputation (on unless switched off).",
             f"{ARR}.model.enable_gradient_checkpointing",
+            held="value",
+            verl_default=True,
         ),
         _read(
             "use_kl_loss", "bool", "A KL loss term (needs the reference model).", f"{ARR}.actor.use_kl_loss"
@@ -876,6 +920,8 @@ SETTINGS = Registry(
             "bool",
             "Offload the reference model's parameters.",
             f"{ARR}.ref.fsdp_config.param_offload",
+            held="value",
+            verl_default=False,
         ),
         _read(
             "actor_strategy", "str", "The actor's training backend (fsdp, fsdp2).", f"{ARR}.actor.strategy"
@@ -887,6 +933,8 @@ SETTINGS = Registry(
             "bool",
             "vLLM's chunked prefill (on unless switched off).",
             f"{ARR}.rollout.enable_chunked_prefill",
+            held="value",
+            verl_default=True,
         ),
         _read(
             "max_num_seqs",
@@ -894,6 +942,8 @@ SETTINGS = Registry(
             "Sequences vLLM batches (256 by default).",
             f"{ARR}.rollout.max_num_seqs",
             bounds=_int(1, L.MAX_SEQS),
+            held="value",
+            verl_default=256,
         ),
         _read(
             "rollout_ep",
@@ -901,6 +951,7 @@ SETTINGS = Registry(
             "The rollout's expert parallel size (mixture-of-experts models).",
             f"{ARR}.rollout.expert_parallel_size",
             bounds=_int(0, L.MAX_PARALLEL),
+            held="pin",
         ),
         _read(
             "rollout_pp",
@@ -915,6 +966,7 @@ SETTINGS = Registry(
             "Data parallelism inside a rollout replica (not supported above 1).",
             f"{ARR}.rollout.data_parallel_size",
             bounds=_int(0, L.MAX_PARALLEL),
+            held="pin",
         ),
         _read(
             "critic_max_token_len_per_gpu",
@@ -922,6 +974,7 @@ SETTINGS = Registry(
             "The critic's token budget per GPU with dynamic batch size.",
             "critic.ppo_max_token_len_per_gpu",
             bounds=_int(1, L.MAX_TOKEN_BUDGET),
+            held="pin",
         ),
         _read(
             "critic_param_offload",
@@ -948,6 +1001,8 @@ SETTINGS = Registry(
             "critic.ulysses_sequence_parallel_size",
             "critic.model.fsdp_config.ulysses_sequence_parallel_size",
             bounds=_int(1, L.MAX_PARALLEL),
+            held="value",
+            verl_default=1,
         ),
         # -- rollout engines and the multi-turn agent loop: read for the engine rules, passed through.
         _read(
@@ -1026,6 +1081,7 @@ SETTINGS = Registry(
             "TensorRT-LLM's MoE tensor parallel size (verl 0.9, trtllm only).",
             f"{ARR}.rollout.moe_tensor_parallel_size",
             bounds=_int(0, L.MAX_PARALLEL),
+            held="pin",
         ),
         _read(
             "rollout_disaggregation",

@@ -158,9 +158,10 @@ def _emitted_candidates(spec: VerlJobSpec) -> list[str]:
     resolved = resolve(spec)
     if isinstance(resolved, list):
         return []
-    out = [f"actor_rollout_ref.model.path={format_value(resolved.model_path)}"]
-    if resolved.critic_model_path:
-        out.append(f"critic.model.path={format_value(resolved.critic_model_path)}")
+    p = resolved.problem
+    out = [f"actor_rollout_ref.model.path={format_value(p.model_path)}"]
+    if p.critic_model_path:
+        out.append(f"critic.model.path={format_value(p.critic_model_path)}")
     pins = resolved.problem.pins
     for key in ("train_files", "val_files"):
         if key in pins:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from verl_operator.planner.overrides import Value
+
 #: The settings every candidate keeps as pinned (``search="keep"``).
 KEPT: tuple[str, ...] = (
     "rollout_response_length",
@@ -72,3 +74,33 @@ class Fixed:
     megatron_cp: int | None = None
     megatron_ep: int | None = None
     megatron_etp: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Held:
+    """The job's settings the search holds fixed (``held`` rows): the base of ``planner.inputs.Problem``."""
+
+    adv_estimator: str
+    model_path: str
+    train_files: Value | None = None
+    val_files: Value | None = None
+    max_prompt_length: int
+    max_response_length: int
+    rollout_name: str = "vllm"
+    rollout_mode: str | None = None
+    max_model_len: int | None = None
+    max_num_batched_tokens: int
+    use_remove_padding: bool | None = None
+    critic_model_path: str | None = None
+    max_position_embeddings: int | None = None
+    gradient_checkpointing: bool = True
+    ref_param_offload: bool = False
+    enable_chunked_prefill: bool = True
+    max_num_seqs: int = 256
+    rollout_ep: int | None = None
+    rollout_dp: int | None = None
+    critic_max_token_len_per_gpu: int | None = None
+    critic_sequence_parallel_size: int = 1
+    rollout_moe_tp: int | None = None
+    training_engine: str = "fsdp"
+    megatron_sequence_parallel: bool | None = None

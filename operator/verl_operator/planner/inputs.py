@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from verl_operator.api.plan import Violation
 from verl_operator.api.settings_registry import SETTINGS
 from verl_operator.api.spec import ModelShape, VerlJobSpec
-from verl_operator.planner._settings_generated import Chosen
+from verl_operator.planner._settings_generated import Chosen, Held
 from verl_operator.planner._settings_generated import Fixed as Fixed
 from verl_operator.planner.megatron_options import MegatronOptions
 from verl_operator.planner.overrides import Pinned, Value
@@ -32,9 +32,10 @@ class Settings(Chosen):
         return self.train_batch_size * self.rollout_n
 
 
-@dataclass(frozen=True)
-class Problem:
-    """Facts that stay fixed while the search varies ``Settings``."""
+@dataclass(frozen=True, kw_only=True)
+class Problem(Held):
+    """Facts that stay fixed while the search varies ``Settings``: the job's settings (``Held``, one field per
+    registry row with ``held``; the emitter reads them) and the facts that are no setting."""
 
     version: str
     shape: ModelShape
@@ -42,27 +43,13 @@ class Problem:
     needs_critic: bool
     uses_ref: bool
     lora: bool
-    gradient_checkpointing: bool
-    max_prompt_length: int
-    max_response_length: int
-    max_model_len: int | None
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    ref_param_offload: bool
+    #: ``critic.model.fsdp_config``'s parameter and optimizer offloads both on.
     critic_offload: bool
     nvlink_required: bool
-    use_remove_padding: bool | None
-    critic_max_token_len_per_gpu: int | None
     gpu_memory_bytes: int
     nvlink_domain: int
     pins: Mapping[str, Pinned] = field(default_factory=dict)
-    max_position_embeddings: int | None = None
-    rollout_ep: int | None = None
-    chunked_prefill: bool = True
-    critic_sequence_parallel_size: int = 1
-    rollout_mode: str | None = None
     critic_params: float | None = None
-    critic_model_path: str | None = None
     #: The data's mean prompt and response lengths (``spec.data.mean*Length``), for the memory estimate only.
     mean_prompt_length: int | None = None
     mean_response_length: int | None = None
@@ -75,16 +62,9 @@ class Problem:
     #: node, the only way to be sure it holds whole domains).
     partial_domain_nodes: int = 0
     whole_node_fits: int = 0
-    # -- rollout engines: the engine and TensorRT-LLM's MoE TP (planner/rules_engines.py).
-    rollout_name: str = "vllm"
-    rollout_moe_tp: int | None = None
-    #: ``rollout.data_parallel_size``: data parallel ranks inside one rollout replica (None: 1).
-    rollout_dp: int | None = None
+    #: Where ``rollout_dp`` (``rollout.data_parallel_size``, data parallel ranks inside one rollout replica;
+    #: None: 1) was set.
     rollout_dp_source: str = "spec.overrides (actor_rollout_ref.rollout.data_parallel_size)"
-    #: The training engine: ``fsdp`` or ``megatron`` (the Megatron sizes of a candidate's ``Settings`` are its
-    #: model-parallel ranks), and a pinned Megatron sequence_parallel.
-    training_engine: str = "fsdp"
-    megatron_sequence_parallel: bool | None = None
     #: The Megatron memory model's offload, recompute and stage-layer options (``megatron_memory.py``).
     megatron_options: MegatronOptions = field(default_factory=MegatronOptions)
     #: The trainer pool of fully_async / one_step_off: no rollout replica on its GPUs, so the rollout phase's

@@ -136,8 +136,6 @@ def _plan_resolved(
                     excluded,
                     outcome,
                     resolved.passthrough,
-                    resolved.adv_estimator,
-                    resolved.model_path,
                 )
             if nearest is None or outcome.depth >= nearest.depth:
                 nearest, nearest_pool = outcome, pool

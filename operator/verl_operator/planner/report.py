@@ -53,8 +53,6 @@ def build_result(
     excluded: dict[str, str],
     found: Found,
     passthrough: Sequence[Override],
-    adv: str,
-    model_path: str,
 ) -> PlanResult:
     """The feasible result: the plan with derived numbers, warnings and the full override list.
 
@@ -65,8 +63,6 @@ def build_result(
         excluded: Nodes left out, with reasons.
         found: The search's settings and estimate.
         passthrough: User overrides the planner does not own.
-        adv: ``algorithm.adv_estimator``.
-        model_path: The model path.
     """
     s, est = found.settings, found.estimate
     mesh = Mesh.of(p, s, layout.cpu_per_node)
@@ -99,7 +95,7 @@ def build_result(
             excluded_count=len(excluded),
             product_selector=dict(pool.selector),
         ),
-        overrides=dialect.emit(_emitted(p, s, adv, model_path), passthrough),
+        overrides=dialect.emit(s, p, passthrough),
         training=_training_plan(mesh),
     )
     return PlanResult(feasible=True, violations=[], warnings=warnings, plan=plan)
@@ -131,28 +127,6 @@ def _batch_warnings(p: Problem, mesh: Mesh, est: Estimate) -> list[str]:
             f"trainBatchSize {s.train_batch_size} is not a multiple of ppoMiniBatchSize {s.ppo_mini_batch_size}"
         )
     return out
-
-
-def _emitted(p: Problem, s: Settings, adv: str, model_path: str) -> dialect.Emitted:
-    return dialect.Emitted(
-        settings=s,
-        version=p.version,
-        model_path=model_path,
-        adv_estimator=adv,
-        # As the user wrote them: a list from the spec, a list or a single path from an override.
-        train_files=p.pins["train_files"].value if "train_files" in p.pins else None,
-        val_files=p.pins["val_files"].value if "val_files" in p.pins else None,
-        max_prompt_length=p.max_prompt_length,
-        max_response_length=p.max_response_length,
-        max_model_len=p.model_len,
-        max_num_batched_tokens=p.max_num_batched_tokens,
-        critic=p.needs_critic,
-        rollout_mode=p.mode,
-        critic_model_path=p.critic_model_path,
-        dtype=p.dtype,
-        rollout_name=p.rollout_name,
-        training_engine=p.training_engine,
-    )
 
 
 def _rollout_plan(p: Problem, mesh: Mesh, est: Estimate) -> RolloutPlan:

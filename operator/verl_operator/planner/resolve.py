@@ -4,11 +4,11 @@ merged, types checked) and the settings the planner does not support, as violati
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from verl_operator.api.plan import Violation
-from verl_operator.api.settings_registry import ARR, SETTINGS
+from verl_operator.api.settings_registry import ARR, SETTINGS, Registry
 from verl_operator.api.spec import ModelShape, VerlJobSpec
 from verl_operator.planner import (
     catalog,
@@ -47,26 +47,21 @@ class Resolved:
     """A spec resolved into inputs: everything but the cluster.
 
     Attributes:
-        problem: The fixed facts, with ``gpu_memory_bytes`` and ``nvlink_domain`` still to be set per pool.
+        problem: The fixed facts, with ``gpu_memory_bytes`` and ``nvlink_domain`` still to be set per pool
+            (among them the model path, verl's ``algorithm.adv_estimator`` and the critic's model path).
         fixed: The pinned values.
-        model_path: The model path (an override of ``actor_rollout_ref.model.path`` agrees with the spec).
-        adv_estimator: verl's ``algorithm.adv_estimator``.
         default_rollout_n: ``rollout.n`` when unpinned (5 for group-based estimators, else 1).
         gpus_per_node: Pinned GPUs per node (the field, ``trainer.n_gpus_per_node`` or derived from
             ``trainer.nnodes``), or None.
         passthrough: User overrides the planner does not own, in order.
-        critic_model_path: ``critic.model.path`` when the job has a critic (the actor's model unless named).
         warnings: What verl accepts but the user should know (a repeated override key).
     """
 
     problem: Problem
     fixed: Fixed
-    model_path: str
-    adv_estimator: str
     default_rollout_n: int
     gpus_per_node: int | None
     passthrough: tuple[Override, ...] = field(default_factory=tuple)
-    critic_model_path: str | None = None
     warnings: tuple[str, ...] = ()
 
 
@@ -121,12 +116,7 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
     violations += vs + r.violations
     if violations:
         return violations
-    problem = _problem(spec, r, model, critic, mode, needs_critic, engine)
-    problem = replace(  # the Megatron engine
-        problem,
-        training_engine=training.engine,
-        megatron_sequence_parallel=r.get_bool("megatron_sequence_parallel"),
-    )
+    problem = _problem(spec, r, model, critic, mode, needs_critic, engine, adv, training.engine)
     if training.engine == "megatron":
         fixed = megatron.fixed_offload(
             fixed, r.get_bool("megatron_param_offload"), r.get_bool("megatron_optimizer_offload")
@@ -141,12 +131,9 @@ def resolve(spec: VerlJobSpec) -> Resolved | list[Violation]:
     return Resolved(
         problem=problem,
         fixed=fixed,
-        model_path=model.path,
-        adv_estimator=adv,
         default_rollout_n=5 if adv in GROUP_ESTIMATORS else 1,
         gpus_per_node=gpn_val,
         passthrough=tuple(passthrough),
-        critic_model_path=critic.path if critic is not None else None,
         warnings=tuple(warnings),
     )
 
@@ -397,15 +384,47 @@ def _problem(
     critic: ModelFacts | None,
     mode: str,
     needs_critic: bool,
-    engine: str = "vllm",
+    engine: str,
+    adv: str,
+    training_engine: str,
 ) -> Problem:
-    """The facts the search holds fixed (memory and topology are filled in per node pool)."""
+    """The facts the search holds fixed (memory and topology are filled in per node pool). The held settings
+    resolved here are given explicitly; any other held row is its pin read as its kind (``_held``)."""
     max_prompt = r.get_int("max_prompt_length") or spec.data.max_prompt_length
     max_response = r.get_int("max_response_length") or spec.data.max_response_length
     # verl's default is 8192; 0.6's SPMD rollout rejects less than max_model_len with chunked prefill.
     model_len = r.get_int("max_model_len") or (max_prompt + max_response)
     batched = r.get_int("max_num_batched_tokens") or (max(8192, model_len) if mode == "sync" else 8192)
+    given: dict[str, Any] = dict(
+        adv_estimator=adv,
+        model_path=model.path,
+        # As the user wrote them: a list from the spec, a list or a single path from an override.
+        train_files=r.pins["train_files"].value if "train_files" in r.pins else None,
+        val_files=r.pins["val_files"].value if "val_files" in r.pins else None,
+        max_prompt_length=max_prompt,
+        max_response_length=max_response,
+        max_model_len=r.get_int("max_model_len"),
+        max_num_batched_tokens=batched,
+        max_num_seqs=r.get_int("max_num_seqs", reads=True) or SETTINGS["max_num_seqs"].verl_default,
+        ref_param_offload=bool(r.get_bool("ref_param_offload", reads=True)),
+        gradient_checkpointing=r.get_bool("gradient_checkpointing", reads=True) is not False,
+        use_remove_padding=r.get_bool("use_remove_padding"),
+        critic_max_token_len_per_gpu=r.get_int("critic_max_token_len_per_gpu", reads=True),
+        max_position_embeddings=r.get_int("max_position_embeddings", reads=True),
+        rollout_ep=r.get_int("rollout_ep", reads=True),
+        enable_chunked_prefill=r.get_bool("enable_chunked_prefill", reads=True) is not False,
+        critic_sequence_parallel_size=r.get_int("critic_sequence_parallel_size", reads=True) or 1,
+        rollout_mode=mode,
+        rollout_name=engine,
+        rollout_moe_tp=r.get_int("rollout_moe_tp", reads=True),
+        rollout_dp=r.get_int("rollout_dp", reads=True),
+        critic_model_path=critic.path if critic is not None else None,
+        training_engine=training_engine,
+        megatron_sequence_parallel=r.get_bool("megatron_sequence_parallel"),
+    )
     return Problem(
+        **given,
+        **_held(r, given),
         dtype=spec.model.dtype,
         version=spec.verl.version,
         shape=model.shape,
@@ -414,39 +433,43 @@ def _problem(
         uses_ref=bool(r.get_bool("use_kl_loss", reads=True))
         or bool(r.get_bool("use_kl_in_reward", reads=True)),
         lora=(r.get_int("lora_rank", reads=True) or 0) > 0,
-        gradient_checkpointing=r.get_bool("gradient_checkpointing", reads=True) is not False,
-        max_prompt_length=max_prompt,
-        max_response_length=max_response,
-        max_model_len=r.get_int("max_model_len"),
-        max_num_batched_tokens=batched,
-        max_num_seqs=r.get_int("max_num_seqs", reads=True) or 256,
-        ref_param_offload=bool(r.get_bool("ref_param_offload", reads=True)),
         critic_offload=bool(r.get_bool("critic_param_offload", reads=True))
         and bool(r.get_bool("critic_optimizer_offload", reads=True)),
         nvlink_required=spec.placement.nvlink == "required",
-        use_remove_padding=r.get_bool("use_remove_padding"),
-        critic_max_token_len_per_gpu=r.get_int("critic_max_token_len_per_gpu", reads=True),
         gpu_memory_bytes=0,
         nvlink_domain=1,
         pins=r.pins,
-        max_position_embeddings=r.get_int("max_position_embeddings", reads=True),
-        rollout_ep=r.get_int("rollout_ep", reads=True),
-        chunked_prefill=r.get_bool("enable_chunked_prefill", reads=True) is not False,
-        critic_sequence_parallel_size=r.get_int("critic_sequence_parallel_size", reads=True) or 1,
-        rollout_mode=mode,
-        rollout_name=engine,
-        rollout_moe_tp=r.get_int("rollout_moe_tp", reads=True),
-        rollout_dp=r.get_int("rollout_dp", reads=True),
         rollout_dp_source=(
             r.reads["rollout_dp"].source if "rollout_dp" in r.reads else Problem.rollout_dp_source
         ),
         critic_params=critic.params if critic is not None else None,
-        critic_model_path=critic.path if critic is not None else None,
         mean_prompt_length=spec.data.mean_prompt_length,
         mean_response_length=spec.data.mean_response_length,
         entropy=_entropy_on(r),
         megatron_options=megatron_options.options_of(r),
     )
+
+
+def _held(r: _Reader, given: Mapping[str, Any], registry: Registry = SETTINGS) -> dict[str, Any]:
+    """The held settings not in ``given``: each pin read as its row's kind (an owned row's from the pins, a
+    read row's from the reads), else the row's ``verl_default`` (``held="value"``) or None (``"pin"``)."""
+    read: dict[str, Callable[..., Any]] = {
+        "int": r.get_int,
+        "bool": r.get_bool,
+        "str": r.get_str,
+        "float": lambda name, reads: r.get_float(name),
+    }
+    out: dict[str, Any] = {}
+    for row in registry:
+        if row.held is None or row.name in given:
+            continue
+        if row.kind not in read:
+            raise ValueError(
+                f"held setting {row.name!r} of kind {row.kind!r}: the resolver must give its value"
+            )
+        value = read[row.kind](row.name, reads=not row.owned)
+        out[row.name] = row.verl_default if value is None else value
+    return out
 
 
 def _mean_lengths(p: Problem) -> list[Violation]:

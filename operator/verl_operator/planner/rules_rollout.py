@@ -229,7 +229,7 @@ def batched_tokens_cover_model_len(p: Problem, mesh: Mesh) -> list[Violation]:
     if (
         p.rollout_name != "vllm"
         or not p.spmd_rollout
-        or not p.chunked_prefill
+        or not p.enable_chunked_prefill
         or p.max_num_batched_tokens >= p.model_len
     ):
         return []

@@ -226,6 +226,9 @@ def kube_proxy_config(network: NodeNetwork, kubeconfig: Path, node_name: str, po
         "bindAddress": "127.0.0.1",
         "healthzBindAddress": f"127.0.0.1:{ports['kube_proxy_healthz']}",
         "metricsBindAddress": f"127.0.0.1:{ports['kube_proxy_metrics']}",
+        # A healthz or metrics port taken since it was picked: exit (the devcluster starts it again on new
+        # ports) instead of retrying the bind every 5 s and never getting ready.
+        "bindAddressHardFail": True,
         "clusterCIDR": network.pod_cidr,
         # NodePorts only on the nodes' addresses, never on the machine's interfaces.
         "nodePortAddresses": [f"{ip}/32" for ip in network.node_ips],

@@ -156,10 +156,14 @@ def start(
             set(ports.values()),
             save,
         )
-    if not agent_running(state, "kube-proxy"):
-        _start_kube_proxy(run, names[0])
-    if not agent_running(state, "coredns"):
-        _start_dns(run)
+    # kube-proxy's and CoreDNS's own ports were picked free and are bound only as they start: one taken in
+    # between makes the agent exit on its bind, and it starts again on new ones.
+    host_agents = {"kube-proxy": lambda: _start_kube_proxy(run, names[0]), "coredns": lambda: _start_dns(run)}
+    for key, start_agent_once in host_agents.items():
+        if not agent_running(state, key):
+            retry_on_taken_ports(
+                start_agent_once, node_ports, HOST_AGENT_PORTS[key], set(ports.values()), save
+            )
     say(
         f"{count} real nodes Ready in {time.monotonic() - started:.1f}s ({', '.join(names)}, {gpus} GPUs each)"
     )
@@ -228,16 +232,21 @@ def _write_node_files(layout: Layout, network: NodeNetwork) -> tuple[Path, Path]
     return cni_dir, resolv
 
 
+#: The ports of the agents that serve the whole instance (kube-proxy, CoreDNS), by agent: new ones are picked
+#: for an agent whose port was taken since the pick.
+HOST_AGENT_PORTS: dict[str, tuple[str, ...]] = {
+    "kube-proxy": ("kube_proxy_healthz", "kube_proxy_metrics"),
+    "coredns": ("dns_health", "dns_ready"),
+}
+
+
 def _node_ports(state: dict[str, Any], names: list[str], ports: dict[str, int]) -> dict[str, int]:
     """The agents' ports: picked free (apart from the control plane's) at the first start, then kept."""
     node_ports: dict[str, int] = state.setdefault("node_ports", {})
     if not node_ports:
         wanted = [
             *(f"{n}_{p}" for n in names for p in ("kubelet", "healthz")),
-            "kube_proxy_healthz",
-            "kube_proxy_metrics",
-            "dns_health",
-            "dns_ready",
+            *(key for keys in HOST_AGENT_PORTS.values() for key in keys),
         ]
         node_ports.update(pick_free_ports(wanted, avoid=set(ports.values())))
     return node_ports
