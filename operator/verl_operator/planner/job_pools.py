@@ -61,9 +61,16 @@ def plan_modes(
     if violations:
         return _infeasible(violations + removed, warnings)
     if not inputs.two_pools:
+        if spec.resources.rollout_gpus is not None:
+            return _infeasible([_no_rollout_pool(spec, inputs)], warnings)
         result = _with_removed(plan_one(spec, nodes, False), removed)
         if result.plan is not None and (inputs.mode != "sync" or inputs.entrypoint != MAIN_PPO):
             result = result.model_copy(update={"plan": _single(result.plan, inputs)})
+        if result.plan is not None and inputs.emit:
+            overrides = [*inputs.emit, *result.plan.overrides]
+            result = result.model_copy(
+                update={"plan": result.plan.model_copy(update={"overrides": overrides})}
+            )
         return _warned(result, warnings)
     if removed:
         return _infeasible(removed, warnings)
@@ -103,6 +110,24 @@ def plan_modes(
     return _warned(first, warnings)
 
 
+def _no_rollout_pool(spec: VerlJobSpec, inputs: ModeInputs) -> Violation:
+    """``spec.resources.rolloutGpus`` on a mode whose rollout shares the trainer's GPUs."""
+    how = (
+        "set spec.verl.trainerMode: separate_async"
+        if spec.verl.version == "0.9"
+        else "set spec.verl.entrypoint: recipe.fully_async_policy.fully_async_main (or one_step_off's)"
+    )
+    return Violation(
+        field="spec.resources.rolloutGpus",
+        rule="pool-size",
+        message=(
+            f"spec.resources.rolloutGpus {spec.resources.rollout_gpus}: the {inputs.mode} trainer "
+            f"({inputs.entrypoint}) runs the rollout on the trainer's GPUs, it has no standalone rollout pool"
+        ),
+        suggestions=["drop spec.resources.rolloutGpus", how],
+    )
+
+
 def _plan_split(
     spec: VerlJobSpec,
     facts: Sequence[NodeFacts],
@@ -132,7 +157,7 @@ def _plan_split(
         return _infeasible([memory], result.warnings)
     (trainer_peak, trainer_parts), (rollout_peak, rollout_parts) = memory
     rollout = rollout.model_copy(update={"peak_gib": rollout_peak, "memory_gib": rollout_parts})
-    overrides = [_replaced(o, before.replace) for o in plan.overrides]
+    overrides = [*inputs.emit, *(_replaced(o, before.replace) for o in plan.overrides)]
     overrides += pool_overrides(inputs, split) + before.emit + recipe_overrides(spec, inputs)
     pools = PoolsPlan(
         mode=inputs.mode,
