@@ -43,14 +43,19 @@ def _infeasible(violations: list[Violation], warnings: Sequence[str] = ()) -> Pl
 
 
 def plan_modes(
-    spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any] | NodeFacts], plan_one: PlanOne
+    spec: VerlJobSpec,
+    nodes: Sequence[Mapping[str, Any] | NodeFacts],
+    plan_one: PlanOne,
+    measured: split_model.Measured | None = None,
 ) -> PlanResult:
     """Plan ``spec`` in its trainer mode with ``plan_one`` (the colocated planner).
 
     Algorithm:
         1. Read the mode (``pools.read_mode``); verl's colocated trainer plans as before.
-        2. Two pools: check the mode's rules on the keys (``rules_async.before_plan``); take the pinned split,
-           else the splits nearest the throughput model's balance (``split_model``), in whole nodes.
+        2. Two pools: check the mode's rules on the keys (``rules_async.before_plan``); take the pinned split
+           (``spec.resources.rolloutGpus`` or the pool keys), else the splits nearest the balance in whole
+           nodes: a previous run's measured one (``measured``, from ``advisor.balance``) when given, else the
+           throughput model's (``split_model``).
         3. For each split: plan the trainer pool on its GPUs, then the rollout pool's replicas; the first
            split that plans wins.
         Example: GRPO Qwen2.5-7B on 16 H100, separate_async, trainer.nnodes=1, rollout nnodes 1 -> trainer
@@ -83,7 +88,18 @@ def plan_modes(
     if vs:
         return _infeasible(vs, warnings)
     fraction = _fraction(spec, inputs)
-    splits = [split] if split is not None else _open_splits(spec, fraction, node_gpus)
+    balance = measured.rollout_fraction if measured is not None else fraction
+    source = "pinned" if split is not None else ("measured" if measured is not None else "model")
+    splits = [split] if split is not None else _open_splits(spec, balance, node_gpus)
+    if split is not None and measured is not None:
+        near = _open_splits(spec, measured.rollout_fraction, node_gpus)[:1]
+        if near and near[0].rollout_gpus != split.rollout_gpus:
+            warnings = [
+                *warnings,
+                f"the spec pins {split.rollout_gpus} rollout GPUs; the measured balance "
+                f"({measured.rollout_fraction:.0%} rollout) would give {near[0].rollout_gpus} "
+                f"(spec.resources.rolloutGpus: {near[0].rollout_gpus})",
+            ]
     if not splits:
         return _infeasible(
             [
@@ -102,7 +118,10 @@ def plan_modes(
         if result.plan is not None:
             pools = result.plan.pools
             assert pools is not None
-            update = {"split": "pinned" if split is not None else "model", "model_rollout_fraction": fraction}
+            update: dict[str, Any] = {"split": source, "model_rollout_fraction": fraction}
+            if measured is not None:
+                update["measured_rollout_fraction"] = round(measured.rollout_fraction, 4)
+                update["split_basis"] = measured.basis[:512]
             plan = result.plan.model_copy(update={"pools": pools.model_copy(update=update)})
             return _warned(result.model_copy(update={"plan": plan}), warnings)
         first = first or result
