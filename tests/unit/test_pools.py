@@ -562,12 +562,13 @@ def test_fully_async_pool_rules(extra: list[str], rule: str, text: str) -> None:
 @pytest.mark.parametrize(
     ("entrypoint", "version", "where"),
     [
-        pytest.param(FA09, "0.9", "_validate_config", id="09"),
+        pytest.param(FA09, "0.9", "fully_async_rollouter.py line 733", id="09"),
         pytest.param(FA06, "0.6", "fully_async_rollouter.py line 241", id="06"),
     ],
 )
 def test_fully_async_needs_the_rollouts_log_probs(entrypoint: str, version: str, where: str) -> None:
-    """verl asserts ``calculate_log_probs`` in the rollouter (default false): false is refused, unset emitted."""
+    """verl asserts ``calculate_log_probs`` in the rollouter (0.6.1's default false): false is refused, unset
+    emitted."""
     refused = plan([*FA_POOLS, "actor_rollout_ref.rollout.calculate_log_probs=False"], entrypoint=entrypoint,
                    version=version)  # fmt: skip
     (v,) = [v for v in refused.violations if v.rule == "fully-async-log-probs"]

@@ -114,15 +114,16 @@ LOG_PROBS = f"{ARR}.rollout.calculate_log_probs"
 
 def _log_probs(before: Before, version: str, inputs: ModeInputs) -> Before:
     """fully_async trains on the rollout's own log-probs: ``actor_rollout_ref.rollout.calculate_log_probs``
-    must be true (verl's default is false; unset, the plan emits true). verl asserts it in the rollouter's
-    ``_validate_config`` (0.6.1 ``recipe/fully_async_policy/fully_async_rollouter.py`` line 241; main's
-    ``verl/experimental/fully_async_policy/fully_async_rollouter.py`` line 400)."""
+    must be true (0.6.1's default is false, ``trainer/config/rollout/rollout.yaml`` line 197, 0.9.1's true, line
+    237; unset, the plan emits true). verl asserts it in the rollouter's ``_validate_config`` (0.6.1
+    ``recipe/fully_async_policy/fully_async_rollouter.py`` line 241, 0.9.1
+    ``experimental/fully_async_policy/fully_async_rollouter.py`` line 733)."""
     value = _bool(inputs, LOG_PROBS)
     if value is False:
         where = (
             "recipe/fully_async_policy/fully_async_rollouter.py line 241"
             if version == "0.6"
-            else "experimental/fully_async_policy/fully_async_rollouter.py, _validate_config"
+            else "experimental/fully_async_policy/fully_async_rollouter.py line 733"
         )
         return replace(
             before,
