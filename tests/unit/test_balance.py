@@ -235,3 +235,51 @@ def test_plan_metrics_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture
     assert run_plan(["-f", job, "--nodes", nodes, "--measured-pools", "8:24"]) == 2
     assert "--measured-pools goes with --metrics" in capsys.readouterr().err
     assert run_plan(["-f", job, "--nodes", nodes, "--metrics", metrics, "--measured-pools", "8:24"]) == 0
+
+
+def _with_status(tmp_path: Path, status: dict[str, object] | None) -> tuple[str, str]:
+    doc = yaml.safe_load(FULLY.read_text())
+    doc["spec"]["resources"]["gpus"] = 32
+    if status is not None:
+        doc["status"] = status
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": make_nodes(4, 8)}))
+    return str(job), str(nodes)
+
+
+def test_plan_from_the_jobs_own_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A colocated last run (no rollout pool in status.plan): fully_async.md's 30B-A3B step as the progress."""
+    phases = {k: v for k, v in THIRTY_B.items() if k != "step"}
+    progress = {"step": 12, "stepSeconds": THIRTY_B["step"], "phases": phases}
+    job, nodes = _with_status(tmp_path, {"phase": "Succeeded", "progress": progress})
+    assert run_plan(["-f", job, "--nodes", nodes, "--from-status", "-o", "json"]) == 0
+    pools = json.loads(capsys.readouterr().out)["plan"]["pools"]
+    assert (pools["split"], pools["rollout"]["gpus"], pools["trainer"]["gpus"]) == ("measured", 24, 8)
+    assert pools["splitBasis"].startswith("status.progress (step 12): colocated, gen 348.1 s")
+
+
+def test_a_two_pool_status_is_read_on_its_own_pools(tmp_path: Path) -> None:
+    """fully_async.md's 7B fully_async run (16 : 16, the trainer waited 21.26 s of 294.77) as the last run."""
+    status = {
+        "progress": {"step": 40, "stepSeconds": 294.77, "phases": {"gen": 21.26, "update_actor": 313.81, "param_sync": 5.0}},
+        "plan": {"pools": {"split": "model", "trainer": {"gpus": 16}, "rollout": {"gpus": 16}}},
+    }  # fmt: skip
+    from verl_operator.advisor.balance import balance_from_status
+
+    measured = balance_from_status(status, "fully_async")
+    assert measured.kind == "pools" and "16 rollout : 16 trainer GPUs" in measured.basis
+    assert whole_nodes(32, measured.rollout_fraction) == (16, 16)
+
+
+def test_from_status_needs_a_logged_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job, nodes = _with_status(tmp_path, {"phase": "Running", "progress": {"step": 0}})
+    assert run_plan(["-f", job, "--nodes", nodes, "--from-status"]) == 2
+    assert "has not logged a step yet" in capsys.readouterr().err
+    job, nodes = _with_status(tmp_path, None)
+    assert run_plan(["-f", job, "--nodes", nodes, "--from-status"]) == 2
+    metrics = tmp_path / "run.log"
+    metrics.write_text("\n".join(console(THIRTY_B)) + "\n")
+    assert run_plan(["-f", job, "--nodes", nodes, "--from-status", "--metrics", str(metrics)]) == 2
+    assert "give one" in capsys.readouterr().err

@@ -21,9 +21,15 @@ Checked against verl's published runs in ``tests/unit/test_balance.py`` (``docs/
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from verl_operator.advisor.phases import RunPhases
+from pydantic import ValidationError
+
+from verl_contract.verl_metrics import StepRecord
+from verl_operator.advisor.phases import STEP_KEY, TIMING, RunPhases, analyse
+from verl_operator.api.status import ProgressStatus
 from verl_operator.planner.split_model import Measured, measured_fraction
 
 #: The trainer's phases of a colocated step (the actor's, the reference's and the critic's GPU work).
@@ -119,3 +125,29 @@ def measured_balance(
             "keeps up, its share is at most the run's (kept)"
         )
     return Measured(round(measured_fraction(rho, mode, "pools"), 4), basis, "pools")
+
+
+def balance_from_status(status: Mapping[str, Any] | None, mode: str) -> Measured:
+    """The balance a job's own last run measured: ``status.progress`` (the last step's phase seconds, as the
+    operator read them from the head pod) on the pools of ``status.plan.pools`` (two pools when the plan had
+    a rollout pool; else the run was colocated). One step, not a median: the basis says so.
+
+    Raises:
+        BalanceError: no status, no progress with a step time and phases, or phases that do not measure it.
+    """
+    progress_doc = (status or {}).get("progress")
+    try:
+        progress = ProgressStatus.model_validate(progress_doc) if isinstance(progress_doc, Mapping) else None
+    except ValidationError as exc:
+        raise BalanceError(f"status.progress is not a progress status: {exc.errors()[0]['msg']}") from exc
+    if progress is None or not progress.step_seconds or not progress.phases:
+        raise BalanceError("status.progress has no step time and phases: the job has not logged a step yet")
+    metrics: dict[str, float] = {STEP_KEY: progress.step_seconds}
+    metrics.update({f"{TIMING}{name}": seconds for name, seconds in progress.phases.items()})
+    run = analyse([StepRecord(max(progress.step, 1), metrics)])
+    pools_doc = ((status or {}).get("plan") or {}).get("pools") or {}
+    rollout, trainer = pools_doc.get("rollout"), pools_doc.get("trainer") or {}
+    pools = None
+    if isinstance(rollout, Mapping) and rollout.get("gpus") and trainer.get("gpus"):
+        pools = Pools(int(rollout["gpus"]), int(trainer["gpus"]))
+    return measured_balance(run, mode, pools, name=f"status.progress (step {progress.step})")

@@ -16,7 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from verl_contract.verl_metrics import read_steps
-from verl_operator.advisor.balance import BalanceError, Pools, measured_balance
+from verl_operator.advisor.balance import BalanceError, Pools, balance_from_status, measured_balance
 from verl_operator.advisor.phases import NoStepsError, analyse
 from verl_operator.api.errors import validation_lines
 from verl_operator.api.plan import Plan, PlanResult
@@ -60,6 +60,14 @@ def add_parser(subparsers: Any) -> None:
         help=(
             "A previous run's verl step metrics (file-logger JSONL or console log): a two-pool job whose spec "
             "leaves the split open is split by the run's measured generation vs training time."
+        ),
+    )
+    parser.add_argument(
+        "--from-status",
+        action="store_true",
+        help=(
+            "Split a two-pool job by the phase times of its own last run: the file's status.progress on the "
+            "pools of its status.plan (kubectl get verljob NAME -o yaml)."
         ),
     )
     parser.add_argument(
@@ -374,14 +382,23 @@ def plan_files(
     nodes: Sequence[Mapping[str, Any]],
     metrics: str | None = None,
     measured_pools: str | None = None,
+    from_status: bool = False,
 ) -> PlanResult:
-    """Plan the job in ``job_path`` on ``nodes`` (split by the run in ``metrics`` when given)."""
+    """Plan the job in ``job_path`` on ``nodes`` (split by the run in ``metrics``, or by the job's own
+    ``status.progress`` with ``from_status``, when given)."""
     job = load_job(job_path)
     measured = None
+    if metrics is not None and from_status:
+        raise InputError("--metrics and --from-status are two sources of one measurement: give one")
+    if measured_pools is not None and metrics is None:
+        raise InputError("--measured-pools goes with --metrics: the pools of the run the metrics measured")
     if metrics is not None:
         measured = read_balance(job, metrics, measured_pools)
-    elif measured_pools is not None:
-        raise InputError("--measured-pools goes with --metrics: the pools of the run the metrics measured")
+    elif from_status:
+        try:
+            measured = balance_from_status(job.status, read_mode(job.spec)[0].mode)
+        except BalanceError as exc:
+            raise InputError(f"{job_path}: {exc}") from exc
     return plan_job(job.spec, nodes, measured=measured)
 
 
@@ -408,7 +425,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``plan``; returns the exit code."""
     try:
         nodes = load_nodes(args.nodes) if args.nodes else live_nodes(args.kubeconfig)
-        result = plan_files(args.filename, nodes, args.metrics, args.measured_pools)
+        result = plan_files(args.filename, nodes, args.metrics, args.measured_pools, args.from_status)
     except InputError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return EXIT_USAGE
