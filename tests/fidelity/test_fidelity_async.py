@@ -37,6 +37,7 @@ MODE_RULES = frozenset(
         "async-reward-model",
         "async-switch-disaggregation",
         "fully-async-batch",
+        "fully-async-log-probs",
         "async-hybrid-engine",
         "override-unknown-key",
         "pool-size",

@@ -559,6 +559,31 @@ def test_fully_async_pool_rules(extra: list[str], rule: str, text: str) -> None:
     assert text in v.message and v.suggestions
 
 
+@pytest.mark.parametrize(
+    ("entrypoint", "version", "where"),
+    [
+        pytest.param(FA09, "0.9", "fully_async_rollouter.py line 733", id="09"),
+        pytest.param(FA06, "0.6", "fully_async_rollouter.py line 241", id="06"),
+    ],
+)
+def test_fully_async_needs_the_rollouts_log_probs(entrypoint: str, version: str, where: str) -> None:
+    """verl asserts ``calculate_log_probs`` in the rollouter (0.6.1's default false): false is refused, unset
+    emitted."""
+    refused = plan([*FA_POOLS, "actor_rollout_ref.rollout.calculate_log_probs=False"], entrypoint=entrypoint,
+                   version=version)  # fmt: skip
+    (v,) = [v for v in refused.violations if v.rule == "fully-async-log-probs"]
+    assert (
+        v.field == "spec.overrides[3] (actor_rollout_ref.rollout.calculate_log_probs)" and where in v.message
+    )
+    planned = plan(FA_POOLS, entrypoint=entrypoint, version=version)
+    assert planned.plan is not None, planned.violations
+    assert planned.plan.overrides.count("actor_rollout_ref.rollout.calculate_log_probs=True") == 1
+    kept = plan([*FA_POOLS, "actor_rollout_ref.rollout.calculate_log_probs=True"], entrypoint=entrypoint,
+                version=version)  # fmt: skip
+    assert kept.plan is not None
+    assert kept.plan.overrides.count("actor_rollout_ref.rollout.calculate_log_probs=True") == 1
+
+
 def test_pool_memory_rollout_gpu_has_no_optimizer_trainer_gpu_no_kv_cache() -> None:
     result = plan(
         [*FA_POOLS, "actor_rollout_ref.rollout.standalone_gpu_memory_utilization=0.9"], entrypoint=FA09

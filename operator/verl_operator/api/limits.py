@@ -55,6 +55,8 @@ MAX_DATA_PATH = 1_024
 MAX_IMAGE = 1_024
 #: A dotted Python module name (``spec.verl.entrypoint``); real ones are under 100 characters.
 MAX_MODULE = 256
+#: The text that says how a plan's measured rollout:trainer split was read (``plan.pools.splitBasis``).
+MAX_SPLIT_BASIS = 512
 #: A Kubernetes name (DNS subdomain) or label key with prefix.
 MAX_NAME = 253
 #: A label value.

@@ -232,15 +232,24 @@ class PoolsPlan(ApiModel):
         default=False,
         description="Both pools on the same nodes (same node count, their GPUs per node fit one node).",
     )
-    split: Literal["pinned", "model", "single"] = Field(
+    split: Literal["pinned", "measured", "model", "single"] = Field(
         description=(
-            "Where the split came from: the spec's pool keys (pinned), the throughput model (model), or one "
-            "pool (single)."
+            "Where the split came from: the spec (resources.rolloutGpus or the pool keys: pinned), a previous "
+            "run's measured phase times (measured), the throughput model (model), or one pool (single)."
         )
     )
     model_rollout_fraction: float | None = Field(
         default=None,
         description="The throughput model's balanced share of rollout GPUs (null when not computed).",
+    )
+    measured_rollout_fraction: float | None = Field(
+        default=None,
+        description="The balanced share of rollout GPUs from a previous run's phase times (null: none given).",
+    )
+    split_basis: str | None = Field(
+        default=None,
+        max_length=L.MAX_SPLIT_BASIS,
+        description="How the measured balance was read (the run's phase seconds and pools).",
     )
     invariants: dict[str, int] = Field(
         default_factory=dict,

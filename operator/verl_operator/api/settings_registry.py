@@ -1089,6 +1089,17 @@ SETTINGS = Registry(
             "Prefill/decode disaggregation of the rollout servers (verl 0.9, sglang or vllm only).",
             f"{ARR}.rollout.disaggregation.enabled",
         ),
+        # -- verl 0.9's v1 trainer: the mode (planner/pools.py reads it; the planner emits it when the spec sets it)
+        _read(
+            "trainer_mode",
+            "str",
+            "verl 0.9's v1 trainer mode (trainer.v1.trainer_mode): sync, colocate_async (the rollout overlaps "
+            "training on the same GPUs) or separate_async (a trainer pool and a standalone rollout pool, "
+            "sized by resources.rolloutGpus or the planner). verl 0.6 has no v1 trainer; fully_async and "
+            "one_step_off are chosen by verl.entrypoint. Omitted: the overrides' value, else sync.",
+            "trainer.v1.trainer_mode",
+            spec="verl.trainerMode",
+        ),
         _read(
             "skip_tokenizer_init",
             "bool",

@@ -146,6 +146,7 @@ class VerlSpec(ApiModel):
             "verl.experimental.fully_async_policy.fully_async_main. A dotted module name."
         ),
     )
+    trainer_mode: Literal["sync", "colocate_async", "separate_async"] | None = SETTINGS.field("trainer_mode")
 
 
 class ModelShape(ApiModel):
@@ -260,9 +261,25 @@ class DataSpec(ApiModel):
 
 class ResourcesSpec(ApiModel):
     gpus: int = Field(
-        ge=1, le=L.MAX_GPUS, description="Total GPUs for the job (trainer.nnodes x trainer.n_gpus_per_node)."
+        ge=1,
+        le=L.MAX_GPUS,
+        description=(
+            "Total GPUs for the job (trainer.nnodes x trainer.n_gpus_per_node; with a standalone rollout pool, "
+            "both pools' GPUs)."
+        ),
     )
     gpus_per_node: int | None = SETTINGS.field("n_gpus_per_node")
+    rollout_gpus: int | None = Field(
+        default=None,
+        ge=1,
+        le=L.MAX_GPUS,
+        description=(
+            "GPUs of the standalone rollout pool, out of gpus (the trainer pool gets the rest), for the modes "
+            "that have one (verl.trainerMode separate_async, the fully_async and one_step_off entry points): "
+            "whole nodes of each pool, or both pools on one node. Omitted: the pool keys in overrides, else "
+            "the planner splits the GPUs (a previous run's measured phase times, else its throughput model)."
+        ),
+    )
     gpu_product: str | None = Field(
         default=None,
         max_length=L.MAX_LABEL_VALUE,

@@ -15,10 +15,15 @@ from typing import Any, TextIO
 import yaml
 from pydantic import ValidationError
 
+from verl_contract.verl_metrics import read_steps
+from verl_operator.advisor.balance import BalanceError, Pools, balance_from_status, measured_balance
+from verl_operator.advisor.phases import NoStepsError, analyse
 from verl_operator.api.errors import validation_lines
 from verl_operator.api.plan import Plan, PlanResult
 from verl_operator.api.spec import VerlJob
 from verl_operator.planner import plan_job
+from verl_operator.planner.pools import read_mode
+from verl_operator.planner.split_model import Measured
 
 EXIT_FEASIBLE = 0
 EXIT_INFEASIBLE = 1
@@ -49,6 +54,26 @@ def add_parser(subparsers: Any) -> None:
     source.add_argument("--kubeconfig", help="Read the nodes of a live cluster with this kubeconfig.")
     parser.add_argument(
         "-o", "--output", choices=("table", "json", "yaml"), default="table", help="Output format."
+    )
+    parser.add_argument(
+        "--metrics",
+        help=(
+            "A previous run's verl step metrics (file-logger JSONL or console log): a two-pool job whose spec "
+            "leaves the split open is split by the run's measured generation vs training time."
+        ),
+    )
+    parser.add_argument(
+        "--from-status",
+        action="store_true",
+        help=(
+            "Split a two-pool job by the phase times of its own last run: the file's status.progress on the "
+            "pools of its status.plan (kubectl get verljob NAME -o yaml)."
+        ),
+    )
+    parser.add_argument(
+        "--measured-pools",
+        metavar="ROLLOUT:TRAINER",
+        help="The GPUs of the measured run's rollout and trainer pools (a two-pool run; none: it was colocated).",
     )
     parser.set_defaults(func=run)
 
@@ -226,6 +251,11 @@ def _pool_rows(plan: Plan) -> list[tuple[str, str]]:
     if r is None:
         return rows
     fraction = f", model {pools.model_rollout_fraction:.0%} rollout" if pools.model_rollout_fraction else ""
+    if pools.measured_rollout_fraction is not None:
+        model = f" (model {pools.model_rollout_fraction:.0%})" if pools.model_rollout_fraction else ""
+        fraction = f", measured {pools.measured_rollout_fraction:.0%} rollout{model}"
+    if pools.split == "measured":
+        fraction = fraction.removeprefix(", measured")
     shared = ", shared" if pools.shared_nodes else ""
     rows += [
         ("trainer pool", f"{t.gpus} GPUs = {t.nnodes} x {t.gpus_per_node}, {t.mesh}" + _peak(t.peak_gib)),
@@ -238,6 +268,8 @@ def _pool_rows(plan: Plan) -> list[tuple[str, str]]:
         ),
         ("split", f"{pools.split}{fraction}; {pools.nodes} nodes{shared}"),
     ]
+    if pools.split_basis:
+        rows.append(("measured", pools.split_basis))
     if pools.invariants:
         rows.append(("invariants", ", ".join(f"{k} {v}" for k, v in pools.invariants.items())))
     return rows
@@ -345,17 +377,55 @@ def write_result(result: PlanResult, fmt: str, stream: TextIO) -> None:
         stream.write(render_table(result))
 
 
-def plan_files(job_path: str, nodes: Sequence[Mapping[str, Any]]) -> PlanResult:
-    """Plan the job in ``job_path`` on ``nodes``."""
+def plan_files(
+    job_path: str,
+    nodes: Sequence[Mapping[str, Any]],
+    metrics: str | None = None,
+    measured_pools: str | None = None,
+    from_status: bool = False,
+) -> PlanResult:
+    """Plan the job in ``job_path`` on ``nodes`` (split by the run in ``metrics``, or by the job's own
+    ``status.progress`` with ``from_status``, when given)."""
     job = load_job(job_path)
-    return plan_job(job.spec, nodes)
+    measured = None
+    if metrics is not None and from_status:
+        raise InputError("--metrics and --from-status are two sources of one measurement: give one")
+    if measured_pools is not None and metrics is None:
+        raise InputError("--measured-pools goes with --metrics: the pools of the run the metrics measured")
+    if metrics is not None:
+        measured = read_balance(job, metrics, measured_pools)
+    elif from_status:
+        try:
+            measured = balance_from_status(job.status, read_mode(job.spec)[0].mode)
+        except BalanceError as exc:
+            raise InputError(f"{job_path}: {exc}") from exc
+    return plan_job(job.spec, nodes, measured=measured)
+
+
+def read_balance(job: VerlJob, path: str, pools_text: str | None) -> Measured:
+    """The measured balance of the run whose metrics are in ``path`` (``advisor.balance``).
+
+    Raises:
+        InputError: unreadable file, no step time, or metrics that do not measure the balance.
+    """
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        run = analyse(read_steps(lines))
+        pools = Pools.parse(pools_text) if pools_text is not None else None
+        mode = read_mode(job.spec)[0].mode
+        return measured_balance(run, mode, pools, name=Path(path).name)
+    except (NoStepsError, BalanceError) as exc:
+        raise InputError(f"{path}: {exc}") from exc
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``plan``; returns the exit code."""
     try:
         nodes = load_nodes(args.nodes) if args.nodes else live_nodes(args.kubeconfig)
-        result = plan_files(args.filename, nodes)
+        result = plan_files(args.filename, nodes, args.metrics, args.measured_pools, args.from_status)
     except InputError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return EXIT_USAGE

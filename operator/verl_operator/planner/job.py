@@ -16,6 +16,7 @@ from verl_operator.planner.mesh import pod_memory
 from verl_operator.planner.report import build_result
 from verl_operator.planner.resolve import Resolved, resolve
 from verl_operator.planner.search import Failed, Found, search
+from verl_operator.planner.split_model import Measured
 
 
 def _infeasible(violations: list[Violation], warnings: list[str] | None = None) -> PlanResult:
@@ -24,7 +25,10 @@ def _infeasible(violations: list[Violation], warnings: list[str] | None = None) 
 
 
 def plan_job(
-    spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any] | NodeFacts], budget: Budget | None = None
+    spec: VerlJobSpec,
+    nodes: Sequence[Mapping[str, Any] | NodeFacts],
+    budget: Budget | None = None,
+    measured: Measured | None = None,
 ) -> PlanResult:
     """Plan a VerlJob on the cluster's nodes.
 
@@ -46,6 +50,8 @@ def plan_job(
         spec: The job spec.
         nodes: Kubernetes Node objects as camelCase dicts, or their :class:`NodeFacts` already read (the
             operator keeps them per Node, so a plan does not re-read every Node object).
+        measured: A previous run's measured rollout:trainer balance (``advisor.balance``): it chooses a
+            two-pool job's split when the spec leaves it open (else the throughput model does).
 
     Returns:
         The result: ``feasible`` with a plan, or the violations.
@@ -53,7 +59,7 @@ def plan_job(
     budget = budget if budget is not None else Budget()
     try:
         with limited(budget):
-            return plan_modes(spec, nodes, _plan)  # the trainer mode's pools (planner/job_pools.py)
+            return plan_modes(spec, nodes, _plan, measured)  # the trainer mode's pools (planner/job_pools.py)
     except PlanTooLarge as exc:
         return _infeasible([too_large(spec, exc)])
 

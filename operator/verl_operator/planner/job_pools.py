@@ -43,14 +43,19 @@ def _infeasible(violations: list[Violation], warnings: Sequence[str] = ()) -> Pl
 
 
 def plan_modes(
-    spec: VerlJobSpec, nodes: Sequence[Mapping[str, Any] | NodeFacts], plan_one: PlanOne
+    spec: VerlJobSpec,
+    nodes: Sequence[Mapping[str, Any] | NodeFacts],
+    plan_one: PlanOne,
+    measured: split_model.Measured | None = None,
 ) -> PlanResult:
     """Plan ``spec`` in its trainer mode with ``plan_one`` (the colocated planner).
 
     Algorithm:
         1. Read the mode (``pools.read_mode``); verl's colocated trainer plans as before.
-        2. Two pools: check the mode's rules on the keys (``rules_async.before_plan``); take the pinned split,
-           else the splits nearest the throughput model's balance (``split_model``), in whole nodes.
+        2. Two pools: check the mode's rules on the keys (``rules_async.before_plan``); take the pinned split
+           (``spec.resources.rolloutGpus`` or the pool keys), else the splits nearest the balance in whole
+           nodes: a previous run's measured one (``measured``, from ``advisor.balance``) when given, else the
+           throughput model's (``split_model``).
         3. For each split: plan the trainer pool on its GPUs, then the rollout pool's replicas; the first
            split that plans wins.
         Example: GRPO Qwen2.5-7B on 16 H100, separate_async, trainer.nnodes=1, rollout nnodes 1 -> trainer
@@ -61,9 +66,16 @@ def plan_modes(
     if violations:
         return _infeasible(violations + removed, warnings)
     if not inputs.two_pools:
+        if spec.resources.rollout_gpus is not None:
+            return _infeasible([_no_rollout_pool(spec, inputs)], warnings)
         result = _with_removed(plan_one(spec, nodes, False), removed)
         if result.plan is not None and (inputs.mode != "sync" or inputs.entrypoint != MAIN_PPO):
             result = result.model_copy(update={"plan": _single(result.plan, inputs)})
+        if result.plan is not None and inputs.emit:
+            overrides = [*inputs.emit, *result.plan.overrides]
+            result = result.model_copy(
+                update={"plan": result.plan.model_copy(update={"overrides": overrides})}
+            )
         return _warned(result, warnings)
     if removed:
         return _infeasible(removed, warnings)
@@ -76,7 +88,18 @@ def plan_modes(
     if vs:
         return _infeasible(vs, warnings)
     fraction = _fraction(spec, inputs)
-    splits = [split] if split is not None else _open_splits(spec, fraction, node_gpus)
+    balance = measured.rollout_fraction if measured is not None else fraction
+    source = "pinned" if split is not None else ("measured" if measured is not None else "model")
+    splits = [split] if split is not None else _open_splits(spec, balance, node_gpus)
+    if split is not None and measured is not None:
+        near = _open_splits(spec, measured.rollout_fraction, node_gpus)[:1]
+        if near and near[0].rollout_gpus != split.rollout_gpus:
+            warnings = [
+                *warnings,
+                f"the spec pins {split.rollout_gpus} rollout GPUs; the measured balance "
+                f"({measured.rollout_fraction:.0%} rollout) would give {near[0].rollout_gpus} "
+                f"(spec.resources.rolloutGpus: {near[0].rollout_gpus})",
+            ]
     if not splits:
         return _infeasible(
             [
@@ -95,12 +118,33 @@ def plan_modes(
         if result.plan is not None:
             pools = result.plan.pools
             assert pools is not None
-            update = {"split": "pinned" if split is not None else "model", "model_rollout_fraction": fraction}
+            update: dict[str, Any] = {"split": source, "model_rollout_fraction": fraction}
+            if measured is not None:
+                update["measured_rollout_fraction"] = round(measured.rollout_fraction, 4)
+                update["split_basis"] = measured.basis[:512]
             plan = result.plan.model_copy(update={"pools": pools.model_copy(update=update)})
             return _warned(result.model_copy(update={"plan": plan}), warnings)
         first = first or result
     assert first is not None
     return _warned(first, warnings)
+
+
+def _no_rollout_pool(spec: VerlJobSpec, inputs: ModeInputs) -> Violation:
+    """``spec.resources.rolloutGpus`` on a mode whose rollout shares the trainer's GPUs."""
+    how = (
+        "set spec.verl.trainerMode: separate_async"
+        if spec.verl.version == "0.9"
+        else "set spec.verl.entrypoint: recipe.fully_async_policy.fully_async_main (or one_step_off's)"
+    )
+    return Violation(
+        field="spec.resources.rolloutGpus",
+        rule="pool-size",
+        message=(
+            f"spec.resources.rolloutGpus {spec.resources.rollout_gpus}: the {inputs.mode} trainer "
+            f"({inputs.entrypoint}) runs the rollout on the trainer's GPUs, it has no standalone rollout pool"
+        ),
+        suggestions=["drop spec.resources.rolloutGpus", how],
+    )
 
 
 def _plan_split(
@@ -132,7 +176,7 @@ def _plan_split(
         return _infeasible([memory], result.warnings)
     (trainer_peak, trainer_parts), (rollout_peak, rollout_parts) = memory
     rollout = rollout.model_copy(update={"peak_gib": rollout_peak, "memory_gib": rollout_parts})
-    overrides = [_replaced(o, before.replace) for o in plan.overrides]
+    overrides = [*inputs.emit, *(_replaced(o, before.replace) for o in plan.overrides)]
     overrides += pool_overrides(inputs, split) + before.emit + recipe_overrides(spec, inputs)
     pools = PoolsPlan(
         mode=inputs.mode,

@@ -61,6 +61,8 @@ def pinned_split(
         inputs: The mode and its keys.
         node_gpus: GPUs of the largest eligible node (the GPUs per node when nothing else says).
     """
+    if spec.resources.rollout_gpus is not None:
+        return spec_split(spec, inputs, node_gpus)
     r_nn_key, r_gpn_key = ROLLOUT_POOL_KEYS[inputs.mode]
     t_nn, t_gpn = inputs.get("trainer.nnodes"), inputs.get("trainer.n_gpus_per_node")
     r_nn, r_gpn = inputs.get(r_nn_key), inputs.get(r_gpn_key)
@@ -133,6 +135,83 @@ def pinned_split(
                 + [f"or {r_nn_key}={v}" for v in sorted(set(near)) if split.trainer_gpus + v * rg == gpus],
             )
         ]
+    return split, []
+
+
+ROLLOUT_GPUS = "spec.resources.rolloutGpus"
+
+
+def spec_split(spec: VerlJobSpec, inputs: ModeInputs, node_gpus: int) -> tuple[Split | None, list[Violation]]:
+    """The split ``spec.resources.rolloutGpus`` gives: the rollout pool's GPUs, the trainer pool the rest.
+
+    Each pool is whole nodes of ``g`` GPUs (the pool's ``n_gpus_per_node`` override, else
+    ``spec.resources.gpusPerNode``, else the largest node's GPUs), or, for a job that fits one node, both pools
+    share it. A pool key in the overrides must agree with the split (a conflict names both). Example: 16 GPUs,
+    ``rolloutGpus: 8`` -> trainer 1 x 8, rollout 1 x 8; 8 GPUs on one node, ``rolloutGpus: 2`` -> 1 x 6 + 1 x 2.
+    """
+    r_nn_key, r_gpn_key = ROLLOUT_POOL_KEYS[inputs.mode]
+    gpus, rollout = spec.resources.gpus, int(spec.resources.rollout_gpus or 0)
+    trainer = gpus - rollout
+    if trainer < 1:
+        return None, [
+            Violation(
+                field=ROLLOUT_GPUS,
+                rule="pools-agree",
+                message=(
+                    f"{ROLLOUT_GPUS} {rollout} leaves spec.resources.gpus {gpus} - {rollout} = {trainer} GPUs for "
+                    "the trainer pool (the job's GPUs are both pools')"
+                ),
+                suggestions=[f"set {ROLLOUT_GPUS} below {gpus}", f"or spec.resources.gpus above {rollout}"],
+            )
+        ]
+    t_gpn, r_gpn = inputs.get("trainer.n_gpus_per_node"), inputs.get(r_gpn_key)
+    g = spec.resources.gpus_per_node or t_gpn or r_gpn or min(node_gpus, gpus)
+    tg, rg = t_gpn or g, r_gpn or g
+    if rollout % rg == 0 and trainer % tg == 0:
+        split = Split(trainer // tg, tg, rollout // rg, rg)
+    elif gpus <= node_gpus and t_gpn in (None, trainer) and r_gpn in (None, rollout):
+        split = Split(1, trainer, 1, rollout)  # one node holds both pools
+    else:
+        unit = tg if tg == rg else g
+        near = sorted({v for v in (rollout // unit * unit, -(-rollout // unit) * unit) if 0 < v < gpus})
+        return None, [
+            Violation(
+                field=ROLLOUT_GPUS,
+                rule="pools-agree",
+                message=(
+                    f"{ROLLOUT_GPUS} {rollout} and the trainer pool's {gpus} - {rollout} = {trainer} GPUs are not "
+                    f"whole nodes of {rg} and {tg} GPUs (rollout {r_gpn_key}, trainer.n_gpus_per_node), and "
+                    f"{gpus} GPUs do not fit one node of {node_gpus}"
+                ),
+                suggestions=[f"set {ROLLOUT_GPUS}: {v}" for v in near]
+                or [f"set spec.resources.gpus to a multiple of {unit}"],
+            )
+        ]
+    # A pinned node count, and the rolloutGpus that would agree with it.
+    pinned = (
+        (
+            "trainer.nnodes",
+            split.trainer_nnodes,
+            gpus - (inputs.get("trainer.nnodes") or 0) * split.trainer_gpn,
+        ),
+        (r_nn_key, split.rollout_nnodes, (inputs.get(r_nn_key) or 0) * split.rollout_gpn),
+    )
+    for key, want, better in pinned:
+        got = inputs.get(key)
+        if got is not None and got != want:
+            return None, [
+                Violation(
+                    field=ROLLOUT_GPUS,
+                    rule="override-conflict",
+                    message=(
+                        f"{ROLLOUT_GPUS} = {rollout} makes {key} {want} (trainer {split.trainer_nnodes} x "
+                        f"{split.trainer_gpn} + rollout {split.rollout_nnodes} x {split.rollout_gpn} GPUs) but "
+                        f"{inputs.source(key)} = {got}"
+                    ),
+                    suggestions=[f"drop {inputs.source(key)}"]
+                    + ([f"or set {ROLLOUT_GPUS}: {better}"] if 0 < better < gpus else []),
+                )
+            ]
     return split, []
 
 

@@ -155,6 +155,8 @@ class ModeInputs:
         recipe_indices: Override positions of the recipes' own sections and config arguments (planned here,
             passed to verl as written; the trainer pool's plan does not see them).
         megatron_config: A recipe's Megatron config was named (``--config-name ..._megatron_trainer``).
+        emit: The overrides the plan adds for the spec's mode fields (``spec.verl.trainerMode`` when no
+            override sets ``trainer.v1.trainer_mode``).
     """
 
     mode: TrainerMode
@@ -163,6 +165,7 @@ class ModeInputs:
     texts: dict[str, tuple[str, str]] = field(default_factory=dict)
     recipe_indices: tuple[int, ...] = ()
     megatron_config: bool = False
+    emit: tuple[str, ...] = ()
 
     @property
     def two_pools(self) -> bool:
@@ -276,6 +279,14 @@ def read_mode(spec: VerlJobSpec) -> tuple[ModeInputs, list[Violation], list[str]
             )
     v1_mode = texts.get("trainer.v1.trainer_mode")
     use_v1 = texts.get("trainer.use_v1")
+    emit: tuple[str, ...] = ()
+    if spec.verl.trainer_mode is not None:
+        problem = _spec_mode_problem(spec, table, v1_mode, use_v1)
+        if problem is not None:
+            violations.append(problem)
+        elif v1_mode is None:
+            v1_mode = (spec.verl.trainer_mode, SPEC_MODE)
+            emit = (f"trainer.v1.trainer_mode={spec.verl.trainer_mode}",)
     if table.get(module) is None and version == "0.9":
         if v1_mode is not None:
             if v1_mode[0] not in V1_MODES:
@@ -323,10 +334,63 @@ def read_mode(spec: VerlJobSpec) -> tuple[ModeInputs, list[Violation], list[str]
             texts=texts,
             recipe_indices=tuple(sorted(set(recipe_indices))),
             megatron_config=megatron_config,
+            emit=emit,
         ),
         violations,
         warnings,
     )
+
+
+SPEC_MODE = "spec.verl.trainerMode"
+
+
+def _spec_mode_problem(
+    spec: VerlJobSpec,
+    table: dict[str, TrainerMode | None],
+    v1_mode: tuple[str, str] | None,
+    use_v1: tuple[str, str] | None,
+) -> Violation | None:
+    """Why ``spec.verl.trainerMode`` cannot hold: no v1 trainer in the release, a recipe's entry point, or an
+    override that says otherwise (named with the spec field, as for the other pinned settings)."""
+    want, module = spec.verl.trainer_mode, spec.verl.entrypoint
+    if spec.verl.version != "0.9":
+        return Violation(
+            field=SPEC_MODE,
+            rule="trainer-mode",
+            message=(
+                f"{SPEC_MODE} {want!r}: verl {spec.verl.version} has no v1 trainer (trainer.v1.trainer_mode is "
+                "verl 0.9's)"
+            ),
+            suggestions=['set spec.verl.version: "0.9"', f"or drop {SPEC_MODE}"],
+        )
+    if table.get(module) is not None:
+        return Violation(
+            field=SPEC_MODE,
+            rule="override-conflict",
+            message=(
+                f"{SPEC_MODE} = {want!r} but spec.verl.entrypoint {module} runs its own {table[module]} trainer "
+                "(the v1 modes run under verl.trainer.main_ppo)"
+            ),
+            suggestions=[f"drop {SPEC_MODE}", f"or set spec.verl.entrypoint: {MAIN_PPO}"],
+        )
+    if v1_mode is not None and v1_mode[0] != want:
+        return Violation(
+            field=SPEC_MODE,
+            rule="override-conflict",
+            message=f"{SPEC_MODE} = {want!r} but {v1_mode[1]} = {v1_mode[0]!r}",
+            suggestions=[f"drop {v1_mode[1]}, or set {SPEC_MODE} to {v1_mode[0]!r}"],
+        )
+    if use_v1 is not None and use_v1[0] == "false":
+        return Violation(
+            field=SPEC_MODE,
+            rule="override-conflict",
+            message=(
+                f"{SPEC_MODE} = {want!r} but {use_v1[1]} = false runs verl's legacy trainer, which has no "
+                "v1 modes (0.9.1 trainer/main_ppo.py line 183)"
+            ),
+            suggestions=[f"drop {use_v1[1]}", f"or drop {SPEC_MODE}"],
+        )
+    return None
 
 
 def _unknown_recipe_key(ov: Override, module: str, known: frozenset[str]) -> Violation:

@@ -8,7 +8,7 @@ rollout pool against the trainer plan's rollout replica.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from verl_operator.api.plan import RolloutPoolPlan, Violation
 from verl_operator.planner.arith import nearest_divisor, nearest_multiple
@@ -64,7 +64,7 @@ def before_plan(version: str, inputs: ModeInputs, spec_rollout_mode: str | None 
     if inputs.mode == "separate_async":
         return _separate_async(inputs)
     if inputs.mode == "fully_async":
-        before = _fully_async(version, inputs)
+        before = _log_probs(_fully_async(version, inputs), version, inputs)
     elif inputs.mode == "one_step_off":
         before = Before()
     else:
@@ -106,6 +106,42 @@ def _no_hybrid_engine(before: Before, version: str, inputs: ModeInputs) -> Befor
             replace=before.replace,
             invariants=before.invariants,
         )
+    return before
+
+
+LOG_PROBS = f"{ARR}.rollout.calculate_log_probs"
+
+
+def _log_probs(before: Before, version: str, inputs: ModeInputs) -> Before:
+    """fully_async trains on the rollout's own log-probs: ``actor_rollout_ref.rollout.calculate_log_probs``
+    must be true (0.6.1's default is false, ``trainer/config/rollout/rollout.yaml`` line 197, 0.9.1's true, line
+    237; unset, the plan emits true). verl asserts it in the rollouter's ``_validate_config`` (0.6.1
+    ``recipe/fully_async_policy/fully_async_rollouter.py`` line 241, 0.9.1
+    ``experimental/fully_async_policy/fully_async_rollouter.py`` line 733)."""
+    value = _bool(inputs, LOG_PROBS)
+    if value is False:
+        where = (
+            "recipe/fully_async_policy/fully_async_rollouter.py line 241"
+            if version == "0.6"
+            else "experimental/fully_async_policy/fully_async_rollouter.py line 733"
+        )
+        return replace(
+            before,
+            violations=[
+                *before.violations,
+                Violation(
+                    field=inputs.source(LOG_PROBS),
+                    rule="fully-async-log-probs",
+                    message=(
+                        f"fully_async trains on the rollout's log-probs: {LOG_PROBS} must be true, not false "
+                        f"(verl asserts it: {where})"
+                    ),
+                    suggestions=[f"set {LOG_PROBS}=True, or drop it"],
+                ),
+            ],
+        )
+    if value is None:
+        return replace(before, emit=[*before.emit, f"{LOG_PROBS}=True"])
     return before
 
 

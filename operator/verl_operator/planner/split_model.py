@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 #: kappa per mode family, fitted to PUBLISHED (dense rows: log kappa = mean of log(rho / s)).
 KAPPA = {"streaming": 1.0716, "one_step_off": 0.3908}
@@ -105,3 +106,34 @@ def log_fit_residual(row: Published) -> float:
         row.mode, row.prompt, row.response, row.params_total_b * 1e9, row.params_active_b * 1e9
     )
     return math.log(model / (1 - model)) - math.log(f / (1 - f))
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A previous run's measured balance (``advisor.balance`` reads it from the run's phase times).
+
+    Attributes:
+        rollout_fraction: The share of the job's GPUs the rollout pool needs so that neither pool waits.
+        basis: How it was measured, for the plan and ``verl-operator plan`` (bounded text).
+        kind: ``colocated``: the phase times of a run on one pool; ``pools``: a two-pool run's waits.
+    """
+
+    rollout_fraction: float
+    basis: str
+    kind: Literal["colocated", "pools"] = "colocated"
+
+
+def measured_fraction(rho: float, mode: str, kind: str) -> float:
+    """The rollout share of a measured work ratio ``rho`` (rollout GPU-seconds over training GPU-seconds).
+
+    A colocated run's ratio is the streaming modes' balance as measured; one_step_off generates each batch
+    whole, without partial rollout, behind one training step, and its authors' split gives rollout the
+    share the calibration's family ratio says (``KAPPA['one_step_off'] / KAPPA['streaming']`` = 0.365), so a
+    colocated measurement is scaled by it. A two-pool run's ratio is its own mode's already.
+
+    Example: verl's colocated Qwen2.5-Math-7B on 32 H20 (gen 357.41 s; old_log_prob 107.71 + update_actor
+    269.8 s): rho 0.947, fully_async share 0.486 -> 16 : 16, verl's own split.
+    """
+    if kind == "colocated" and family(mode) == "one_step_off":
+        rho *= KAPPA["one_step_off"] / KAPPA["streaming"]
+    return rho / (1.0 + rho)
