@@ -18,15 +18,6 @@ The checks, in the order verl meets them:
    statements run alone (file and line numbers kept, so a failure names verl's own line). separate_async's
    ``super().__init__`` (the colocated trainer's set-up, which builds workers) is left out.
 
-verl 0.6.1 keeps fully_async and one_step_off in its repository's ``recipe/`` folder, not in its wheel: a
-request with ``"recipes": PATH`` (a copy of that folder's files, ``tests/fidelity/data/verl-0.6.1-recipes``)
-and ``"config_name"`` (``--config-name``, the Megatron config of a recipe) is judged by the recipe's own config
-(``compose``) and by its own statements (``recipe_checks``, ``RECIPE_CHECKS``): the pool sizes its main module
-asserts, the trainer's and the rollouter's ``__init__`` up to their set-up, the rollouter's
-``_validate_config`` and its rollout-mode assert, and the rollout worker's split of its pool into TP groups
-(the FSDP or the Megatron worker, by ``actor.strategy``). verl's code around them (the strategy branch that
-picks the workers, the datasets, the workers' models) is not run.
-
 This file imports only the standard library at module level: it runs on the verl environment's Python.
 """
 
@@ -162,127 +153,6 @@ def judge(root: Path, mode: str, overrides: list[str]) -> dict[str, Any]:
     return {"ok": True, "stage": "mode_checks", "error_type": None, "error": None}
 
 
-#: verl 0.6.1's recipe configs (relative to the copy of ``recipe/``'s parent).
-RECIPE_CONFIGS = {
-    "fully_async": "recipe/fully_async_policy/config",
-    "one_step_off": "recipe/one_step_off_policy/config",
-}
-#: verl 0.6.1's recipe checks, in the order verl meets them: (file, function as ``Class.method``, selector,
-#: engine). Selectors: ``("until", text)`` the body's statements up to ``text`` (as ``CHECKS``);
-#: ``("asserts", first, last)`` the asserts between those lines; ``("stmts", first, last)`` the simple
-#: statements between them (imports left out). ``engine``: only for that ``actor.strategy`` (None: any). The
-#: rollout worker's checks see ``self.config = actor_rollout_ref`` and its pool's world size.
-STOP = "self.role_worker_mapping = role_worker_mapping"
-RECIPE_CHECKS: dict[str, tuple[tuple[str, str, tuple[Any, ...], str | None], ...]] = {
-    "fully_async": (
-        ("recipe/fully_async_policy/fully_async_main.py", "create_resource_pool_manager", ("asserts", 49, 63), None),
-        ("recipe/fully_async_policy/fully_async_trainer.py", "FullyAsyncTrainer.__init__", ("until", STOP), None),
-        ("recipe/fully_async_policy/fully_async_rollouter.py", "FullyAsyncRollouter.__init__", ("until", STOP), None),
-        ("recipe/fully_async_policy/fully_async_rollouter.py", "FullyAsyncRollouter._validate_config", ("asserts", 241, 241), None),
-        ("recipe/fully_async_policy/fully_async_rollouter.py", "FullyAsyncRollouter._init_async_rollout_manager", ("asserts", 283, 283), None),
-    ),
-    "one_step_off": (
-        ("recipe/one_step_off_policy/main_ppo.py", "TaskRunner.run", ("asserts", 143, 146), None),
-        ("recipe/one_step_off_policy/ray_trainer.py", "OneStepOffRayTrainer.__init__", ("until", STOP), None),
-        ("recipe/one_step_off_policy/fsdp_workers.py", "RolloutWorker.init_model", ("stmts", 228, 232), "fsdp2"),
-        ("recipe/one_step_off_policy/megatron_workers.py", "RolloutWorker.init_model", ("stmts", 159, 171), "megatron"),
-    ),
-}  # fmt: skip
-
-
-def _function(tree: ast.Module, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
-    node: Any = tree
-    for part in qualname.split("."):
-        node = next(
-            n
-            for n in node.body
-            if isinstance(n, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and n.name == part
-        )
-    assert isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-    return node
-
-
-_SIMPLE = (ast.Assert, ast.Assign, ast.AnnAssign, ast.AugAssign)
-
-
-def _recipe_statements(path: Path, qualname: str, selector: tuple[Any, ...]) -> Any:
-    """The selected statements of ``qualname`` in ``path``, compiled with the file's name and line numbers."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    func = _function(tree, qualname)
-    body: list[ast.stmt] = []
-    if selector[0] == "until":
-        for stmt in func.body:
-            if ast.unparse(stmt) == selector[1]:
-                break
-            if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
-                body.append(stmt)
-    else:
-        kinds = (ast.Assert,) if selector[0] == "asserts" else _SIMPLE
-        first, last = selector[1], selector[2]
-        found = [n for n in ast.walk(func) if isinstance(n, kinds) and first <= n.lineno <= last]
-        body = sorted(found, key=lambda n: n.lineno)
-        if not body:
-            raise RuntimeError(f"{path.name}: no statement of {qualname} between lines {first} and {last}")
-    return compile(ast.Module(body=body, type_ignores=[]), str(path), "exec")
-
-
-def judge_recipe(
-    root: Path, recipes: Path, mode: str, overrides: list[str], config_name: str | None
-) -> dict[str, Any]:
-    """verl 0.6.1's verdict on a recipe launch (see the module's docstring)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    name = (config_name or CONFIGS[mode][1]).removesuffix(".yaml")
-    GlobalHydra.instance().clear()
-    cwd = os.getcwd()
-    os.chdir(root.parent)  # the recipes' searchpath is file://verl/trainer/config
-    try:
-        with initialize_config_dir(config_dir=str(recipes / RECIPE_CONFIGS[mode]), version_base=None):
-            config = compose(config_name=name, overrides=overrides)
-    except Exception as exc:
-        return {"ok": False, "stage": "compose", "error_type": type(exc).__name__, "error": str(exc)[:2000]}
-    finally:
-        os.chdir(cwd)
-    strategy = config.actor_rollout_ref.actor.strategy
-    pool = int(config.rollout.nnodes) * int(config.rollout.n_gpus_per_node)
-    for rel, qualname, selector, engine in RECIPE_CHECKS[mode]:
-        if engine is not None and engine != strategy:
-            continue
-        path = recipes / rel
-        worker = "workers" in rel
-        me = (
-            SimpleNamespace(config=config.actor_rollout_ref, world_size=pool)
-            if worker
-            else SimpleNamespace(config=config)
-        )
-        namespace = {
-            "self": me,
-            "config": config,
-            "tokenizer": None,
-            "processor": None,
-            "reward_fn": None,
-            "val_reward_fn": None,
-        }
-        try:
-            exec(_recipe_statements(path, qualname, selector), namespace)
-        except Exception as exc:
-            frames = traceback.extract_tb(exc.__traceback__)
-            where = next(
-                (f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames) if f.filename == str(path)),
-                None,
-            )
-            if where is None:
-                raise
-            return {
-                "ok": False,
-                "stage": "recipe_checks",
-                "error_type": type(exc).__name__,
-                "error": f"{where}: {exc}",
-            }
-    return {"ok": True, "stage": "recipe_checks", "error_type": None, "error": None}
-
-
 def _flat(node: Any, prefix: str = "") -> set[str]:
     out: set[str] = set()
     if isinstance(node, dict):
@@ -322,17 +192,12 @@ def main() -> int:
     request = json.loads(sys.stdin.read())
     real_stdout = sys.stdout
     sys.stdout = sys.stderr
-    results = []
-    for r in request["requests"]:
-        if r.get("keys"):
-            results.append({"id": r["id"], "keys": added_keys(root, r["mode"])})
-        elif r.get("recipes"):
-            verdict = judge_recipe(
-                root, Path(r["recipes"]), r["mode"], list(r["overrides"]), r.get("config_name")
-            )
-            results.append({"id": r["id"], **verdict})
-        else:
-            results.append({"id": r["id"], **judge(root, r["mode"], list(r["overrides"]))})
+    results = [
+        {"id": r["id"], "keys": added_keys(root, r["mode"])}
+        if r.get("keys")
+        else {"id": r["id"], **judge(root, r["mode"], list(r["overrides"]))}
+        for r in request["requests"]
+    ]
     real_stdout.write(json.dumps({"verlVersion": getattr(verl, "__version__", "?"), "results": results}))
     return 0
 
