@@ -574,6 +574,13 @@ def node(name: str, labels: dict[str, str], gpus: int = 8) -> dict[str, Any]:
             True,
             id="gfd-memory-in-bytes",
         ),
+        pytest.param({"nvidia.com/gpu.product": "NVIDIA-H100-SXM5-80GB"}, True, id="pci-ids-name-sxm5"),
+        pytest.param({"nvidia.com/gpu.product": "NVIDIA-H100-SXM-80GB"}, True, id="catalog-name-sxm"),
+        pytest.param({"nvidia.com/gpu.product": "H100-80GB-SXM5"}, True, id="words-in-another-order"),
+        pytest.param({"nvidia.com/gpu.product": "NVIDIA-H100-PCIe-80GB"}, False, id="pcie-is-another-part"),
+        pytest.param(
+            {"nvidia.com/gpu.product": "NVIDIA-H100-SXM5-94GB"}, False, id="sxm5-94gb-is-another-part"
+        ),
         pytest.param({"node.kubernetes.io/instance-type": "p4d.24xlarge"}, False, id="eks-p4d-is-an-a100"),
         pytest.param({"node.kubernetes.io/instance-type": "m5.large"}, False, id="no-gpu-instance-type"),
     ],

@@ -32,6 +32,25 @@ H100_SPELLINGS = (
         ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe", False),
         ("NVIDIA A100-SXM4-80GB", "NVIDIA-A100-SXM4-40GB", False),
         ("Tesla V100-SXM2-16GB", "Tesla-V100-SXM2-16GB", True),
+        # one physical part under the names of other sources (PRODUCT_ALIASES)
+        ("NVIDIA-H100-SXM5-80GB", "NVIDIA-H100-80GB-HBM3", True),
+        ("NVIDIA H100 SXM 80GB", "NVIDIA H100 80GB HBM3", True),
+        ("H100-80GB-SXM5", "NVIDIA-H100-80GB-HBM3", True),
+        ("NVIDIA-H100-PCIe-80GB", "NVIDIA-H100-PCIe", True),
+        ("NVIDIA-H100-NVL-94GB", "NVIDIA H100 NVL", True),
+        ("NVIDIA-H200-SXM-141GB", "NVIDIA-H200", True),
+        ("H200-141GB-HBM3e", "NVIDIA H200", True),
+        ("NVIDIA-A100-PCIE-80GB", "NVIDIA A100 80GB PCIe", True),
+        ("NVIDIA-A100-SXM-40GB", "NVIDIA-A100-SXM4-40GB", True),
+        ("V100-SXM2-16GB", "Tesla-V100-SXM2-16GB", True),
+        ("T4", "Tesla-T4", True),
+        # names that do not fix the part stay apart
+        ("NVIDIA-H100-SXM5-80GB", "NVIDIA-H100-PCIe", False),
+        ("NVIDIA-H100-80GB", "NVIDIA-H100-80GB-HBM3", False),
+        ("NVIDIA-H100-SXM5-94GB", "NVIDIA-H100-80GB-HBM3", False),
+        ("NVIDIA-H200-NVL", "NVIDIA-H200", False),
+        ("NVIDIA-A100-PCIE-80GB", "NVIDIA-A100-SXM4-80GB", False),
+        ("NVIDIA-H100-NVL-94GB", "NVIDIA-H100-PCIe", False),
     ],
 )
 def test_product_key(a: str, b: str, same: bool) -> None:
