@@ -581,6 +581,21 @@ def node(name: str, labels: dict[str, str], gpus: int = 8) -> dict[str, Any]:
         pytest.param(
             {"nvidia.com/gpu.product": "NVIDIA-H100-SXM5-94GB"}, False, id="sxm5-94gb-is-another-part"
         ),
+        pytest.param({"beta.kubernetes.io/instance-type": "p5.48xlarge"}, True, id="beta-instance-type"),
+        pytest.param(
+            {"beta.kubernetes.io/instance-type": "Standard_ND96isr_H100_v5"},
+            True,
+            id="beta-instance-type-aks",
+        ),
+        pytest.param(
+            {
+                "node.kubernetes.io/instance-type": "p4d.24xlarge",
+                "beta.kubernetes.io/instance-type": "p5.48xlarge",
+            },
+            False,
+            id="the-new-instance-type-wins",
+        ),
+        pytest.param({"beta.kubernetes.io/instance-type": "m5.large"}, False, id="beta-no-gpu-instance-type"),
         pytest.param({"node.kubernetes.io/instance-type": "p4d.24xlarge"}, False, id="eks-p4d-is-an-a100"),
         pytest.param({"node.kubernetes.io/instance-type": "m5.large"}, False, id="no-gpu-instance-type"),
     ],

@@ -19,7 +19,9 @@ Sources (see ``docs/topology.md`` for the table of every label read):
   ``-gpu-count``.
 - **The instance type alone** (an EKS managed node group, AKS or OCI with the device plugin only, no GFD):
   ``node.kubernetes.io/instance-type`` of a GPU instance whose GPUs are fixed by the type
-  (:data:`INSTANCE_PRODUCTS`: ``p5.48xlarge``, ``Standard_ND96isr_H100_v5``, ``BM.GPU.H100.8``, ...).
+  (:data:`INSTANCE_PRODUCTS`: ``p5.48xlarge``, ``Standard_ND96isr_H100_v5``, ``BM.GPU.H100.8``, ...); older
+  clusters publish it as the deprecated ``beta.kubernetes.io/instance-type`` beside or instead of it, read
+  when the new label is absent.
 - A bare ``nvidia.com/gpu=present|true`` label (some device-plugin installs) names no product or memory.
 
 Pure: values in, a value out.
@@ -47,6 +49,8 @@ LABEL_KARPENTER_NAME = "karpenter.k8s.aws/instance-gpu-name"
 LABEL_KARPENTER_MEMORY = "karpenter.k8s.aws/instance-gpu-memory"
 LABEL_KARPENTER_COUNT = "karpenter.k8s.aws/instance-gpu-count"
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+#: Deprecated since Kubernetes 1.17 and still published by older clusters' kubelets and cloud providers.
+LABEL_INSTANCE_TYPE_BETA = "beta.kubernetes.io/instance-type"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 #: Above this many "MiB" an ``nvidia.com/gpu.memory`` value is bytes: no GPU has 4 TiB (a B200 has 180 GiB),
@@ -225,10 +229,11 @@ def _product(labels: Mapping[str, str]) -> tuple[str, str, str]:
             memory = _int(labels.get(LABEL_KARPENTER_MEMORY)) or 0
             choice = next(product for limit, product in choice if memory < limit)
         return name, choice, LABEL_KARPENTER_NAME
-    itype = labels.get(LABEL_INSTANCE_TYPE, "").strip()
+    source = LABEL_INSTANCE_TYPE if labels.get(LABEL_INSTANCE_TYPE, "").strip() else LABEL_INSTANCE_TYPE_BETA
+    itype = labels.get(source, "").strip()
     product = instance_product(itype) if itype else ""
     if product:
-        return itype, product, LABEL_INSTANCE_TYPE
+        return itype, product, source
     return "", "", ""
 
 
