@@ -286,6 +286,11 @@ def test_shapes_the_engines_split_unevenly(
         pytest.param("trainer.nnodes=NULL", None, id="upper-case-null"),
         pytest.param("trainer.nnodes=Infinity", "Infinity", id="infinity-is-a-string"),
         pytest.param("trainer.nnodes=", "", id="empty-value"),
+        pytest.param("trainer.x={a b:1}", {"a b": 1}, id="dict-key-with-a-space"),
+        pytest.param("trainer.x={ a  b : 1 }", {"a  b": 1}, id="dict-key-inner-spaces-kept"),
+        pytest.param("trainer.x={a\tb:{c d:[e f]}}", {"a\tb": {"c d": ["e f"]}}, id="dict-key-with-a-tab"),
+        pytest.param("trainer.x={a\\ b:1}", {"a b": 1}, id="dict-key-escaped-space"),
+        pytest.param("trainer.x={1 2:3}", {"1 2": 3}, id="dict-key-of-two-numbers"),
     ],
 )
 def test_hydra_values_new_edges(raw: str, value: Any) -> None:
@@ -305,6 +310,9 @@ def test_hydra_values_new_edges(raw: str, value: Any) -> None:
         pytest.param("trainer.logger=[console,]", "a value expected", id="list-trailing-comma"),
         pytest.param("trainer.x={a:1,}", "a dict key expected", id="dict-trailing-comma"),
         pytest.param("trainer..nnodes=1", "'.' at character 8", id="double-dot-key"),
+        pytest.param(
+            "trainer.x={a b.c:1}", "the dict key 'a b.c' is not a name", id="dict-key-space-and-dot"
+        ),
         pytest.param("trainer.01=1", "not allowed in a key", id="leading-zero-key"),
         pytest.param("trainer.nnodes=1=2", "unexpected '=2'", id="second-equal"),
         pytest.param("trainer.experiment_name=a#b", "'#' at character 2", id="hash"),

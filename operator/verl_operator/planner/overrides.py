@@ -26,7 +26,7 @@ Scalar = str | int | float | bool | None
 Value = Scalar | list["Value"] | dict[str, "Value"]
 
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z_0-9][A-Za-z0-9_\-]*)*$")
-_DICT_KEY_RE = re.compile(r"[A-Za-z0-9_\-]+")
+_DICT_KEY_RE = re.compile(r"[A-Za-z0-9_\-]+(?:[ \t]+[A-Za-z0-9_\-]+)*")
 
 #: Lists and dicts nested deeper than this are refused (verl's configs nest a few levels).
 MAX_DEPTH = 16
@@ -114,7 +114,9 @@ def parse_value(text: str, depth: int = 0) -> Value:
 
 def _check(value: Value) -> None:
     """What the planner reads beyond Hydra's grammar: integers of at most :data:`MAX_DIGITS` digits (Python
-    refuses to print past 4300), dict keys that are names (Hydra would take ``{a.b:1}`` as one key ``a.b``)."""
+    refuses to print past 4300), dict keys that are names or names parted by spaces and tabs (Hydra takes
+    ``{a b:1}`` as the key ``a b``, inner whitespace kept, and ``{a.b:1}`` as one key ``a.b``, which the planner
+    refuses)."""
     if isinstance(value, bool):
         return
     if isinstance(value, int):
@@ -128,7 +130,7 @@ def _check(value: Value) -> None:
         for name, item in value.items():
             if not _DICT_KEY_RE.fullmatch(name):
                 raise OverrideError(
-                    f"the dict key {name!r} is not a name (letters, digits, '_', '-'; nested keys as {{a:{{b:1}}}})"
+                    f"the dict key {name!r} is not a name (letters, digits, '_', '-', inner spaces; nested keys as {{a:{{b:1}}}})"
                 )
             _check(item)
 
