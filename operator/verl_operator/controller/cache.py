@@ -272,6 +272,12 @@ class WatchCache:
             pods = self.job_pods_by_job.get((namespace, name), {})
             return [cast(dict[str, Any], plain_copy(pods[n])) for n in sorted(pods)]
 
+    def job_view(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The stored VerlJob itself, for a reader that only reads it (every write stores a new object and
+        never changes a stored one, so the object stays as it was read); None when the cache has none."""
+        with self.lock:
+            return self.jobs.get((namespace, name))
+
     def job_pod_versions(self, namespace: str, name: str) -> list[tuple[str, str]]:
         """``(name, resourceVersion)`` of the job's pods, sorted by name: whether they changed, without a copy."""
         with self.lock:
@@ -410,6 +416,10 @@ class CachedKube(Kube):
     def job_pod_versions(self, namespace: str, job: str) -> list[tuple[str, str]]:
         """``(name, resourceVersion)`` of the job's pods in the cache, sorted by name (nothing copied)."""
         return self.cache.job_pod_versions(namespace, job)
+
+    def job_view(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The cache's own VerlJob object, not a copy: read only (:meth:`WatchCache.job_view`)."""
+        return self.cache.job_view(namespace, name)
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
         """Create one child; a created pod is stored at once (the gang release checks every pod exists)."""

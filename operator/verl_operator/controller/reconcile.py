@@ -145,9 +145,9 @@ class JobReconciler:
 
     def reconcile(self, namespace: str, name: str) -> None:
         """One reconcile pass of the job ``namespace/name``: decide, apply, and decide again after creates."""
-        job = self.kube.get_job(namespace, name)
-        if job is not None and self._progress_only(namespace, name, job):
+        if self._progress_only(namespace, name):
             return
+        job = self.kube.get_job(namespace, name)
         pods = self.kube.job_pods(namespace, name)
         if job is None:
             self.steady.pop((namespace, name), None)
@@ -238,7 +238,7 @@ class JobReconciler:
             return tuple(read(namespace, name))
         return _versions(self.kube.job_pods(namespace, name))
 
-    def _progress_only(self, namespace: str, name: str, job: Mapping[str, Any]) -> bool:
+    def _progress_only(self, namespace: str, name: str) -> bool:
         """The pass of a Running job whose spec, metadata, pods and nodes are those of its last whole pass
         (:class:`Steady`; the job's ``resourceVersion`` that pass's or the operator's own status write's since):
         read its progress and write the progress, ``Progressing`` and ``Stalled`` only. False: decide the
@@ -246,6 +246,10 @@ class JobReconciler:
         key = (namespace, name)
         steady = self.steady.get(key)
         if steady is None or self.progress is None:
+            return False
+        peek = getattr(self.kube, "job_view", None)  # the watch cache's own object, read only: no copy
+        job = peek(namespace, name) if peek is not None else self.kube.get_job(namespace, name)
+        if job is None:
             return False
         version = str(job["metadata"].get("resourceVersion") or "")
         if not version or version not in (steady.job_version, self.written.get(key)):
