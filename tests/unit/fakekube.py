@@ -11,6 +11,8 @@ reservations of placed jobs and the queue are derived by the operator's code, no
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +37,17 @@ def apply_merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
+def versioned(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``obj`` with a ``resourceVersion`` that changes whenever its content does (the API server
+    gives every change a new one; tests change the stored objects in place)."""
+    out = copy.deepcopy(dict(obj))
+    meta = out.setdefault("metadata", {})
+    meta.pop("resourceVersion", None)
+    digest = hashlib.sha256(json.dumps(out, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    meta["resourceVersion"] = str(int(digest, 16))
+    return out
+
+
 @dataclass
 class FakeKube:
     """Jobs, pods, ConfigMaps and other children by ``(kind, namespace, name)``; writes and events logged."""
@@ -55,11 +68,11 @@ class FakeKube:
     # ---- reads -------------------------------------------------------------------------------------
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         job = self.objects.get(("VerlJob", namespace, name))
-        return copy.deepcopy(job) if job is not None else None
+        return versioned(job) if job is not None else None
 
     def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return [
-            copy.deepcopy(o)
+            versioned(o)
             for (kind, ns, _), o in sorted(self.objects.items())
             if kind == "Pod" and ns == namespace and o["metadata"].get("labels", {}).get(LABEL_JOB) == job
         ]
@@ -75,10 +88,11 @@ class FakeKube:
         return copy.deepcopy(workload) if workload is not None else None
 
     # ---- writes ------------------------------------------------------------------------------------
-    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> str | None:
         job = self.objects[("VerlJob", namespace, name)]
         job["status"] = apply_merge_patch(job.get("status") or {}, dict(status))
         self.writes.append(("patch_status", name))
+        return str(versioned(job)["metadata"]["resourceVersion"])
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
         kind = str(manifest["kind"])

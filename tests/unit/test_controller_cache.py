@@ -114,6 +114,26 @@ def test_reads_are_copies() -> None:
     assert cache.job("ns", "j1")["status"]["phase"] == "Running"  # type: ignore[index]
 
 
+def test_version_reads_copy_nothing_and_a_view_keeps_what_was_read() -> None:
+    """The progress fast path's reads: the pods' versions (a change shows) and the job as stored (a later
+    event stores a new object; the one read stays as it was)."""
+    cache = WatchCache()
+    cache.put_pod(gpu_pod("b", "n2", rv=5))
+    cache.put_pod(gpu_pod("a", "n1", rv=6))
+    assert cache.job_pod_versions("ns", "j1") == [("a", "6"), ("b", "5")]
+    cache.put_pod(gpu_pod("b", "n2", phase="Failed", rv=8))
+    assert cache.job_pod_versions("ns", "j1") == [("a", "6"), ("b", "8")]
+    assert cache.job_pod_versions("ns", "nothing") == []
+    cache.put_job(verljob("j1", "Running", ("n1",), rv=3))
+    seen = cache.job_view("ns", "j1")
+    assert seen is not None and seen["metadata"]["resourceVersion"] == "3"
+    cache.put_job(verljob("j1", "Failed", ("n1",), rv=4))
+    assert seen["status"]["phase"] == "Running"
+    assert cache.job_view("ns", "j1")["status"]["phase"] == "Failed"  # type: ignore[index]
+    cache.drop_job(("ns", "j1"))
+    assert cache.job_view("ns", "j1") is None
+
+
 @pytest.mark.parametrize(
     ("before", "after", "freed"),
     [

@@ -380,3 +380,132 @@ def test_status_writes_per_running_job_are_bounded_by_the_interval(head: tuple[P
     print(f"status writes: {writes} for 200 steps in 400 s")
     assert writes <= 400 / 30 + 1, writes
     assert world.status().progress.step >= 200 - 15  # type: ignore[union-attr]
+
+
+# -- the fast path: a progress read that finds nothing else changed --------------------------------------
+
+
+@pytest.fixture
+def decisions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The whole decisions the reconciler takes (``decide`` still runs: it is counted, not replaced)."""
+    from verl_operator.controller import reconcile
+
+    taken: list[str] = []
+    real = reconcile.decide
+
+    def counted(seen: Any) -> Any:
+        taken.append(str(seen.job["metadata"]["name"]))
+        return real(seen)
+
+    monkeypatch.setattr(reconcile, "decide", counted)
+    return taken
+
+
+def stepping(tracker: ProgressTracker, world: Running, steps: range) -> None:
+    for step in steps:
+        tracker.feed(f"step:{step} - timing_s/step:10.0 - timing_s/gen:4.0 - timing_s/update_actor:5.0")
+        world.now += 30.0
+        world.passes(1)
+
+
+def test_a_progress_read_with_nothing_else_changed_skips_the_decision(
+    head: tuple[ProgressTracker, int], decisions: list[str]
+) -> None:
+    tracker, port = head
+    world = Running(port, SPEC)
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 3))  # the first progress write, then a steady pass to remember
+    decisions.clear()
+    before = world.kube.writes.count(("patch_status", NAME))
+    stepping(tracker, world, range(3, 8))
+    assert decisions == []  # five reads, no whole pass
+    assert world.kube.writes.count(("patch_status", NAME)) - before == 5  # each new step, 30 s apart
+    status = world.status()
+    assert status.phase == "Running" and status.progress is not None and status.progress.step == 7
+    ready = status.condition("Ready")
+    assert ready is not None and ready.status == "True" and f"{NAME}-r0-head@" in (ready.message or "")
+    progressing = status.condition("Progressing")
+    assert progressing is not None and progressing.message == "step 7, 10.0s per step"
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["pod-failed", "spec", "label", "node-gone", "status-by-hand"],
+)
+def test_any_other_change_takes_the_whole_pass(
+    head: tuple[ProgressTracker, int], decisions: list[str], change: str
+) -> None:
+    tracker, port = head
+    world = Running(port, SPEC)
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 3))
+    decisions.clear()
+    job = world.kube.objects[("VerlJob", NS, NAME)]
+    pods = sorted(world.kube.pods().items())
+    if change == "pod-failed":
+        pods[-1][1]["status"] = {"phase": "Failed"}
+    elif change == "spec":
+        job["spec"] = {**job["spec"], "backoffLimit": 0}
+        job["metadata"]["generation"] = 2
+    elif change == "label":
+        job["metadata"]["labels"] = {"team": "b"}
+    elif change == "node-gone":
+        world.reconciler.node_facts = lambda name: None
+    else:
+        job["status"]["attempt"] = 5  # a status patched by hand: derived again from the pods
+    stepping(tracker, world, range(3, 4))
+    assert decisions == [NAME]
+    status = world.status()
+    if change == "pod-failed":
+        assert (status.phase, status.attempt) == ("Pending", 1)  # restarted under backoffLimit 1
+    elif change == "node-gone":
+        assert status.phase == "Pending" and status.restarts == 1
+    elif change == "status-by-hand":
+        assert status.attempt == 0 and [e for e in world.kube.events if e[1] == "StatusOverwritten"]
+    else:
+        assert status.phase == "Running" and status.observed_generation == job["metadata"]["generation"]
+
+
+def test_a_stall_is_found_on_the_fast_path_and_its_action_taken(
+    head: tuple[ProgressTracker, int], decisions: list[str]
+) -> None:
+    tracker, port = head
+    world = Running(port, {**SPEC, "monitoring": {"stall": {"action": "fail", "minStepSeconds": 30}}})
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 3))
+    decisions.clear()
+    tracker.last_step -= 3600  # type: ignore[operator]  # no step for an hour
+    world.passes(1)
+    status = world.status()
+    assert decisions == [NAME]  # the stall ends the attempt: a whole pass deletes the pods
+    assert status.phase == "Failed" and status.reason == "NoNewStep" and not world.kube.pods()
+
+
+def test_a_stall_without_action_is_written_by_the_fast_path(
+    head: tuple[ProgressTracker, int], decisions: list[str]
+) -> None:
+    tracker, port = head
+    world = Running(port, {**SPEC, "monitoring": {"stall": {"minStepSeconds": 30}}})
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 3))
+    decisions.clear()
+    tracker.last_step -= 3600  # type: ignore[operator]
+    world.passes(1)
+    stalled = world.status().condition("Stalled")
+    assert decisions == []
+    assert stalled is not None and (stalled.status, stalled.reason) == ("True", "NoNewStep")
+    assert [e for e in world.kube.events if e[1] == "Stalled"]
+
+
+def test_the_active_deadline_still_ends_a_running_job(
+    head: tuple[ProgressTracker, int], decisions: list[str]
+) -> None:
+    tracker, port = head
+    world = Running(port, {**SPEC, "activeDeadlineSeconds": 600})
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 3))
+    decisions.clear()
+    world.now += 600
+    world.passes(1)
+    assert decisions == [NAME]
+    assert (world.status().phase, world.status().reason) == ("Failed", "DeadlineExceeded")

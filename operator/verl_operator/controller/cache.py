@@ -27,7 +27,7 @@ from typing import Any, cast
 from verl_operator.api.plan import PlanResult
 from verl_operator.api.spec import GROUP, PLURAL, VERSION, VerlJobSpec
 from verl_operator.api.status import ACTIVE_PHASES, StatusView
-from verl_operator.controller.kube import Kube, response_json
+from verl_operator.controller.kube import Kube, response_json, written_version
 from verl_operator.controller.queue import Priorities, Rank, Waiting, rank, waiting_entry
 from verl_operator.controller.refused import BLOCKED_REASONS, refusal
 from verl_operator.controller.snapshot import Snapshot, SnapshotMemo, node_capacity, pod_usage_entry
@@ -272,6 +272,18 @@ class WatchCache:
             pods = self.job_pods_by_job.get((namespace, name), {})
             return [cast(dict[str, Any], plain_copy(pods[n])) for n in sorted(pods)]
 
+    def job_view(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The stored VerlJob itself, for a reader that only reads it (every write stores a new object and
+        never changes a stored one, so the object stays as it was read); None when the cache has none."""
+        with self.lock:
+            return self.jobs.get((namespace, name))
+
+    def job_pod_versions(self, namespace: str, name: str) -> list[tuple[str, str]]:
+        """``(name, resourceVersion)`` of the job's pods, sorted by name: whether they changed, without a copy."""
+        with self.lock:
+            pods = self.job_pods_by_job.get((namespace, name), {})
+            return [(n, str(pods[n]["metadata"].get("resourceVersion") or "")) for n in sorted(pods)]
+
     def job_keys(self) -> list[JobKey]:
         """Every known VerlJob."""
         with self.lock:
@@ -382,7 +394,7 @@ class CachedKube(Kube):
         """The job's pods from the cache."""
         return self.cache.job_pods(namespace, job)
 
-    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> str | None:
         """Merge-patch ``status`` and store the object the API server returns.
 
         A job deleted since the cache last saw it (404) is left alone: its ``DELETED`` event follows.
@@ -395,10 +407,19 @@ class CachedKube(Kube):
             )
         except ApiException as exc:
             if exc.status == 404:
-                return
+                return None
             raise
         if isinstance(result, Mapping):
             self.cache.put_job(cast(Mapping[str, Any], result))
+        return written_version(result)
+
+    def job_pod_versions(self, namespace: str, job: str) -> list[tuple[str, str]]:
+        """``(name, resourceVersion)`` of the job's pods in the cache, sorted by name (nothing copied)."""
+        return self.cache.job_pod_versions(namespace, job)
+
+    def job_view(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The cache's own VerlJob object, not a copy: read only (:meth:`WatchCache.job_view`)."""
+        return self.cache.job_view(namespace, name)
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
         """Create one child; a created pod is stored at once (the gang release checks every pod exists)."""

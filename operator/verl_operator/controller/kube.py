@@ -69,8 +69,9 @@ class KubeAPI(Protocol):
     def read_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Kueue's Workload of a pod group, or None when it does not exist or cannot be read."""
 
-    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """Merge-patch the job's ``status`` (a None value removes the key)."""
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> str | None:
+        """Merge-patch the job's ``status`` (a None value removes the key); the job's ``resourceVersion``
+        after the write (None: not known)."""
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
         """Create a child (Pod, ConfigMap, Service, PodGroup); False when the job's own object exists.
@@ -98,6 +99,14 @@ class KubeAPI(Protocol):
         """Record an Event on the VerlJob (best effort)."""
 
 
+def written_version(result: object) -> str | None:
+    """The ``resourceVersion`` of the object a write returned (None: not a JSON object or none in it)."""
+    if not isinstance(result, Mapping):
+        return None
+    version = (result.get("metadata") or {}).get("resourceVersion")
+    return str(version) if version else None
+
+
 class Kube:
     """:class:`KubeAPI` over the kubernetes client; every create is idempotent (409 means it exists)."""
 
@@ -116,11 +125,12 @@ class Kube:
                 return None
             raise
 
-    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """Merge-patch ``status`` (a None value removes the key)."""
-        self.custom.patch_namespaced_custom_object_status(
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> str | None:
+        """Merge-patch ``status`` (a None value removes the key); the job's ``resourceVersion`` after it."""
+        result = self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}
         )
+        return written_version(result)
 
     def delete_job(self, namespace: str, name: str) -> None:
         """Delete the VerlJob (children follow by owner references, in the background)."""

@@ -19,6 +19,7 @@ from verl_operator.controller.queue import Waiting, hold_for, queued_message
 from verl_operator.controller.snapshot import Snapshot, gpus_in_use
 from verl_operator.controller.status import mesh_string
 from verl_operator.manifests import LaunchPlan, build_children
+from verl_operator.manifests.names import ChildNames
 from verl_operator.placement import PlacementRequest
 from verl_operator.planner.overrides import format_value
 from verl_operator.planner.resolve import resolve
@@ -210,3 +211,17 @@ def children_of(
     plan = status.plan.changed(overrides=launch_overrides(status.plan, spec))
     launch = LaunchPlan.from_plan(plan, spec, status.placement.nodes, launcher_image)
     return build_children(job, spec, launch, status.attempt)
+
+
+def pod_names(job: Mapping[str, Any], status: VerlJobStatus) -> list[str]:
+    """The pod names of the job's current attempt, head first: the names :func:`children_of` gives its pods,
+    without building any manifest (one pod per node of the plan).
+
+    Raises:
+        ValueError: The status has no plan and placement (the job is not placed).
+    """
+    if status.plan is None or status.placement is None:
+        raise ValueError("the job has no plan and placement to name pods from")
+    meta = job["metadata"]
+    names = ChildNames(str(meta["name"]), str(meta.get("namespace") or ""))
+    return [names.pod(status.attempt, i) for i in range(status.plan.nnodes)]

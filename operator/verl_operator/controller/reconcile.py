@@ -14,12 +14,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from verl_contract.launch_spec import LAUNCH_KEY
+from verl_operator.api.spec import VerlJobSpec
 from verl_operator.api.status import VerlJobStatus, parse_status
 from verl_operator.controller import config, metrics
+from verl_operator.controller.assess import Verdict
 from verl_operator.controller.decide import (
     children_blocked,
     children_refused,
@@ -30,13 +32,16 @@ from verl_operator.controller.decide import (
 from verl_operator.controller.kube import KubeAPI, MissingAPIError
 from verl_operator.controller.kueue import wants_workload
 from verl_operator.controller.observed import Observed
+from verl_operator.controller.pipeline import pod_names
 from verl_operator.controller.progress import ProgressReading
 from verl_operator.controller.proofs import PROOFS
 from verl_operator.controller.refused import ChildBlocked, ChildRefused
+from verl_operator.controller.running import progress_only
 from verl_operator.controller.snapshot import Reservations, Snapshot
 from verl_operator.controller.status import merge_patch
 from verl_operator.controller.transition import Transition
 from verl_operator.manifests.children import kueue_group
+from verl_operator.manifests.names import LABEL_ATTEMPT
 from verl_operator.planner.facts import NodeFacts
 
 log = logging.getLogger("verl_operator.reconcile")
@@ -49,6 +54,47 @@ ProgressSource = Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]], int],
 
 #: Test hook: seconds to sleep between creating two pods (lets a test kill the operator mid-creation).
 CREATE_DELAY_ENV = "VERL_OPERATOR_CREATE_DELAY_SECONDS"
+
+
+#: The pods of a job as (name, resourceVersion), sorted by name.
+PodVersions = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Steady:
+    """What the last whole pass of a Running job found, for the passes after it that only read progress.
+
+    Attributes:
+        job_version: The job's ``resourceVersion`` that pass read.
+        generation: Its ``metadata.generation`` (a spec change moves it).
+        labels: Its labels; annotations: its annotations (a status write of the operator's that raced
+            another client's change carries that change: it must not pass for the operator's own).
+        pods: Its pods' versions then.
+        node_states: Its nodes that were not Ready then (sorted items).
+        launcher_image: The operator's launcher image then.
+        spec: The job's spec, parsed.
+        verdict: The ``running`` verdict of its pods.
+        wanted: The attempt's pod names, head first.
+        current: The attempt's pods (read only).
+    """
+
+    job_version: str
+    generation: Any
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    pods: PodVersions
+    node_states: tuple[tuple[str, str], ...]
+    launcher_image: str | None
+    spec: VerlJobSpec
+    verdict: Verdict
+    wanted: tuple[str, ...]
+    current: Mapping[str, Mapping[str, Any]]
+
+
+def _versions(pods: Sequence[Mapping[str, Any]]) -> PodVersions:
+    return tuple(
+        sorted((str(p["metadata"]["name"]), str(p["metadata"].get("resourceVersion") or "")) for p in pods)
+    )
 
 
 class JobReconciler:
@@ -91,12 +137,21 @@ class JobReconciler:
         self.node_facts = node_facts or (lambda name: self.snapshot().facts_of(name))
         self.reservations = Reservations()
         self.placement_lock = threading.Lock()
+        #: Per Running job, its last whole pass (:class:`Steady`) and the ``resourceVersion`` of the
+        #: operator's own latest status write since: a progress read that finds nothing else changed takes
+        #: the fast path (:meth:`_progress_only`). One job's passes never overlap, so no lock is needed.
+        self.steady: dict[tuple[str, str], Steady] = {}
+        self.written: dict[tuple[str, str], str] = {}
 
     def reconcile(self, namespace: str, name: str) -> None:
         """One reconcile pass of the job ``namespace/name``: decide, apply, and decide again after creates."""
+        if self._progress_only(namespace, name):
+            return
         job = self.kube.get_job(namespace, name)
         pods = self.kube.job_pods(namespace, name)
         if job is None:
+            self.steady.pop((namespace, name), None)
+            self.written.pop((namespace, name), None)
             metrics.forget_job(namespace, name)
             self.apply(namespace, None, VerlJobStatus(), release_orphans(name, pods))
             return
@@ -110,11 +165,134 @@ class JobReconciler:
                 reading = self.progress(job, pods, status.attempt)
                 placed = status.placement.nodes if status.placement else []
                 facts = [f for f in map(self.node_facts, placed) if f is not None]
-            self._pass(
-                namespace, job, status, pods, EMPTY, self.node_states(status), workload, reading, facts
-            )
+            states = self.node_states(status)
+            t = self._pass(namespace, job, status, pods, EMPTY, states, workload, reading, facts)
+            self._remember(namespace, job, status, pods, states, workload, t)
             return
+        self.steady.pop((namespace, name), None)
         self._pass(namespace, job, status, pods, None)
+
+    def _remember(
+        self,
+        namespace: str,
+        job: Mapping[str, Any],
+        status: VerlJobStatus,
+        pods: Sequence[Mapping[str, Any]],
+        states: Mapping[str, str],
+        workload: Mapping[str, Any] | None,
+        t: Transition | None,
+    ) -> None:
+        """Keep what a whole pass of a Running job found when it left the job Running with nothing else to
+        do (no pod created, released or deleted, no event: every pod runs as before); forget it otherwise."""
+        key = (namespace, str(job["metadata"]["name"]))
+        self.steady.pop(key, None)
+        quiet = (
+            t is not None
+            and t.status is not None
+            and status.phase == "Running"
+            and t.status.phase == "Running"
+            and t.status.attempt == status.attempt
+            and not (t.create or t.delete or t.ungate or t.delete_job or t.unreserve or t.recheck)
+            and t.reserve is None
+            and t.event is None
+            and workload is None
+            and self.progress is not None
+        )
+        version = str(job["metadata"].get("resourceVersion") or "")
+        if not quiet or t is None or t.status is None or not version:
+            return
+        try:
+            spec = VerlJobSpec.model_validate(job.get("spec") or {})
+        except Exception:  # an invalid spec is decided by whole passes
+            return
+        attempt = str(status.attempt)
+        current = {
+            str(p["metadata"]["name"]): p
+            for p in pods
+            if (p["metadata"].get("labels") or {}).get(LABEL_ATTEMPT) == attempt
+        }
+        if len(current) != len(pods) or any(p["metadata"].get("deletionTimestamp") for p in pods):
+            return
+        wanted = tuple(pod_names(job, status))
+        if set(wanted) != set(current):
+            return
+        meta = job["metadata"]
+        self.steady[key] = Steady(
+            job_version=version,
+            generation=meta.get("generation"),
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            pods=_versions(pods),
+            node_states=tuple(sorted(states.items())),
+            launcher_image=config.current().launcher_image,
+            spec=spec,
+            verdict=Verdict("running", t.status.reason or "", t.status.message or ""),
+            wanted=wanted,
+            current=current,
+        )
+
+    def _pod_versions(self, namespace: str, name: str) -> PodVersions:
+        """The job's pods' versions, without copying the pods where the API layer can say (the watch cache)."""
+        read = getattr(self.kube, "job_pod_versions", None)
+        if read is not None:
+            return tuple(read(namespace, name))
+        return _versions(self.kube.job_pods(namespace, name))
+
+    def _progress_only(self, namespace: str, name: str) -> bool:
+        """The pass of a Running job whose spec, metadata, pods and nodes are those of its last whole pass
+        (:class:`Steady`; the job's ``resourceVersion`` that pass's or the operator's own status write's since):
+        read its progress and write the progress, ``Progressing`` and ``Stalled`` only. False: decide the
+        whole pass (something changed, or time alone ends the attempt)."""
+        key = (namespace, name)
+        steady = self.steady.get(key)
+        if steady is None or self.progress is None:
+            return False
+        peek = getattr(self.kube, "job_view", None)  # the watch cache's own object, read only: no copy
+        job = peek(namespace, name) if peek is not None else self.kube.get_job(namespace, name)
+        if job is None:
+            return False
+        version = str(job["metadata"].get("resourceVersion") or "")
+        if not version or version not in (steady.job_version, self.written.get(key)):
+            return False
+        meta = job["metadata"]
+        if (
+            meta.get("deletionTimestamp")
+            or meta.get("generation") != steady.generation
+            or (meta.get("labels") or {}) != steady.labels
+            or (meta.get("annotations") or {}) != steady.annotations
+        ):
+            return False
+        status = parse_status(job.get("status"))
+        if status.phase != "Running" or not status.placed:
+            return False
+        states = self.node_states(status)
+        if (
+            tuple(sorted(states.items())) != steady.node_states
+            or config.current().launcher_image != steady.launcher_image
+            or self._pod_versions(namespace, name) != steady.pods
+        ):
+            return False
+        pods = list(steady.current.values())
+        reading = self.progress(job, pods, status.attempt)
+        placed = status.placement.nodes if status.placement else []
+        facts = [f for f in map(self.node_facts, placed) if f is not None]
+        seen = Observed(
+            job,
+            status,
+            pods,
+            EMPTY,
+            (),
+            self.clock(),
+            steady.launcher_image,
+            states,
+            progress=reading,
+            nodes=facts,
+        )
+        t = progress_only(seen, steady.spec, steady.verdict, steady.wanted, steady.current)
+        if t is None:
+            return False
+        self.apply(namespace, job, status, t)
+        return True
 
     def _pass(
         self,
@@ -127,8 +305,9 @@ class JobReconciler:
         workload: Mapping[str, Any] | None = None,
         progress: ProgressReading | None = None,
         facts: Sequence[NodeFacts] = (),
-    ) -> None:
-        """Decide and apply (twice when the first transition created pods).
+    ) -> Transition | None:
+        """Decide and apply (twice when the first transition created pods); the last transition applied
+        (None: the pass ended on a refusal or a missing API).
 
         ``snap`` None: the job is still to be placed. Each decision then takes a fresh snapshot under the
         placement lock, which covers the snapshot, the decision and the in-process reservation only, not the
@@ -166,7 +345,7 @@ class JobReconciler:
                 self.apply(namespace, job, status, transition, ensured)
             except MissingAPIError as exc:
                 self.apply(namespace, job, status, scheduler_unavailable(seen, exc))
-                return
+                return None
             except ChildRefused as exc:
                 log.warning("%s/%s: %s", namespace, job["metadata"]["name"], exc)
                 if exc.denies_admission:  # a review in that window may have reused a pass: ask again
@@ -177,10 +356,11 @@ class JobReconciler:
                     self.apply(namespace, job, status, children_blocked(seen, exc))
                 else:
                     self.apply(namespace, job, status, children_refused(seen, exc))
-                return
+                return None
             if not transition.recheck:
-                return
+                return transition
             pods = self.kube.job_pods(namespace, job["metadata"]["name"])
+        return None
 
     def node_states(self, status: VerlJobStatus) -> dict[str, str]:
         """``deleted`` or ``NotReady`` for each chosen node of a placed job that is not Ready (the node watch)."""
@@ -231,7 +411,11 @@ class JobReconciler:
             patch = merge_patch(old.to_wire(), t.status.to_wire())
             if patch:
                 try:
-                    self.kube.patch_status(ns, name, patch)
+                    written = self.kube.patch_status(ns, name, patch)
+                    if written:  # the job's version after this write is the operator's own
+                        self.written[(ns, name)] = str(written)
+                    else:
+                        self.written.pop((ns, name), None)
                 except Exception:
                     if t.reserve is not None:  # the placement was not recorded: it reserves nothing
                         self.reservations.decided.pop(uid, None)

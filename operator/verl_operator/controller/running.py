@@ -19,7 +19,7 @@ from verl_operator.api.spec import VerlJobSpec
 from verl_operator.api.status import Condition, Phase, ProgressAdvice, StatusChange, VerlJobStatus
 from verl_operator.controller.assess import Verdict, assess, pod_phase
 from verl_operator.controller.kueue import kueue_transition
-from verl_operator.controller.pipeline import children_of
+from verl_operator.controller.pipeline import children_of, pod_names
 from verl_operator.controller.podstart import STARTABLE, Stuck, stuck
 from verl_operator.controller.progress import STALL_REASONS, Followed, follow
 from verl_operator.controller.status import bounded, condition, format_time, merge_conditions, parse_time
@@ -47,8 +47,7 @@ def run(seen: Observed, spec: VerlJobSpec) -> Transition:
     stale = tuple(
         _name(p) for p in seen.pods if _name(p) not in current and not p["metadata"].get("deletionTimestamp")
     )
-    children = children_of(seen.job, spec, status, seen.launcher_image)
-    wanted = [str(c["metadata"]["name"]) for c in children if c["kind"] == "Pod"]
+    wanted = pod_names(seen.job, status)  # the manifests themselves only when something is to be created
     handed = kueue_transition(seen, wanted, current, stale)  # Kueue holds or evicted the pods
     if handed is not None:
         return handed
@@ -71,6 +70,7 @@ def run(seen: Observed, spec: VerlJobSpec) -> Transition:
     if sick and verdict.action in ("running", "starting"):
         return _node_not_ready(seen, sick, stale)
     if verdict.action == "create":
+        children = children_of(seen.job, spec, status, seen.launcher_image)
         return _create(seen, tuple(children), wanted, current, stale)
     if verdict.action == "starting":
         blocked = stuck(wanted, current)
@@ -83,6 +83,29 @@ def run(seen: Observed, spec: VerlJobSpec) -> Transition:
         return _running(seen, verdict, wanted, current, stale, followed)
     new = _started(_advance(seen, "Starting", verdict.reason, verdict.message))
     return Transition(status=new, delete=stale)
+
+
+def progress_only(
+    seen: Observed, spec: VerlJobSpec, verdict: Verdict, wanted: Sequence[str], current: Pods
+) -> Transition | None:
+    """A Running job's pass when nothing but its progress can have changed since a pass of :func:`run` found
+    every pod running (``verdict``, ``wanted``, ``current``: that pass's): the progress, ``Progressing`` and
+    ``Stalled`` as :func:`run` writes them, without planning names or assessing pods again.
+
+    The caller guarantees the job (apart from the operator's own status writes), its pods and its nodes'
+    states are those of that pass. What time alone can change is checked again: None (decide the whole
+    pass) when ``activeDeadlineSeconds`` has passed or a stall asks to end the attempt.
+    """
+    started = parse_time(seen.status.start_time)
+    deadline = spec.active_deadline_seconds
+    if deadline is not None and (started is None or seen.now - started > deadline):
+        return None
+    if seen.status.phase != "Running" or seen.status.placement is None:
+        return None
+    followed = _follow(seen, spec)
+    if followed is not None and followed.stalled is not None and followed.action != "none":
+        return None
+    return _running(seen, verdict, list(wanted), current, (), followed)
 
 
 def _started(status: VerlJobStatus) -> VerlJobStatus:
