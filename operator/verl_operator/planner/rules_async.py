@@ -81,32 +81,39 @@ def _no_hybrid_engine(before: Before, version: str, inputs: ModeInputs) -> Befor
         ("0.6", "fully_async"): "recipe/fully_async_policy/fully_async_trainer.py line 65",
         ("0.6", "one_step_off"): "recipe/one_step_off_policy/fsdp_workers.py line 83",
     }[(version, inputs.mode)]
-    hybrid = _bool(inputs, HYBRID)
-    if hybrid:
-        return Before(
-            violations=[
-                *before.violations,
-                Violation(
-                    field=inputs.source(HYBRID),
-                    rule="async-hybrid-engine",
-                    message=(
-                        f"{inputs.mode} trains and rolls out on separate pools: {HYBRID} must be false, not true "
-                        f"(verl asserts not hybrid_engine: {where})"
-                    ),
-                    suggestions=[f"set {HYBRID}=False, or drop it"],
-                ),
-            ]
-        )
-    if hybrid is None:
-        return Before(
-            violations=before.violations,
-            extra=before.extra,
-            drop_keys=before.drop_keys,
-            emit=[*before.emit, f"{HYBRID}=False"],
-            replace=before.replace,
-            invariants=before.invariants,
-        )
-    return before
+    return _require_bool(
+        before,
+        inputs,
+        HYBRID,
+        want=False,
+        rule="async-hybrid-engine",
+        why=f"{inputs.mode} trains and rolls out on separate pools",
+        where=f"verl asserts not hybrid_engine: {where}",
+    )
+
+
+def _require_bool(
+    before: Before, inputs: ModeInputs, key: str, *, want: bool, rule: str, why: str, where: str
+) -> Before:
+    """A boolean key the mode needs at ``want``: the other value refused (``why``, verl's assert at ``where``),
+    unset emitted as ``want``, ``want`` kept."""
+    value = _bool(inputs, key)
+    if value is None:
+        return replace(before, emit=[*before.emit, f"{key}={want}"])
+    if value == want:
+        return before
+    return replace(
+        before,
+        violations=[
+            *before.violations,
+            Violation(
+                field=inputs.source(key),
+                rule=rule,
+                message=f"{why}: {key} must be {str(want).lower()}, not {str(value).lower()} ({where})",
+                suggestions=[f"set {key}={want}, or drop it"],
+            ),
+        ],
+    )
 
 
 LOG_PROBS = f"{ARR}.rollout.calculate_log_probs"
@@ -118,31 +125,20 @@ def _log_probs(before: Before, version: str, inputs: ModeInputs) -> Before:
     237; unset, the plan emits true). verl asserts it in the rollouter's ``_validate_config`` (0.6.1
     ``recipe/fully_async_policy/fully_async_rollouter.py`` line 241, 0.9.1
     ``experimental/fully_async_policy/fully_async_rollouter.py`` line 733)."""
-    value = _bool(inputs, LOG_PROBS)
-    if value is False:
-        where = (
-            "recipe/fully_async_policy/fully_async_rollouter.py line 241"
-            if version == "0.6"
-            else "experimental/fully_async_policy/fully_async_rollouter.py line 733"
-        )
-        return replace(
-            before,
-            violations=[
-                *before.violations,
-                Violation(
-                    field=inputs.source(LOG_PROBS),
-                    rule="fully-async-log-probs",
-                    message=(
-                        f"fully_async trains on the rollout's log-probs: {LOG_PROBS} must be true, not false "
-                        f"(verl asserts it: {where})"
-                    ),
-                    suggestions=[f"set {LOG_PROBS}=True, or drop it"],
-                ),
-            ],
-        )
-    if value is None:
-        return replace(before, emit=[*before.emit, f"{LOG_PROBS}=True"])
-    return before
+    where = (
+        "recipe/fully_async_policy/fully_async_rollouter.py line 241"
+        if version == "0.6"
+        else "experimental/fully_async_policy/fully_async_rollouter.py line 733"
+    )
+    return _require_bool(
+        before,
+        inputs,
+        LOG_PROBS,
+        want=True,
+        rule="fully-async-log-probs",
+        why="fully_async trains on the rollout's log-probs",
+        where=f"verl asserts it: {where}",
+    )
 
 
 MODE = f"{ARR}.rollout.mode"
