@@ -20,7 +20,7 @@ from conftest import make_nodes
 from test_controller_forged_status import forge
 from test_controller_pod_start import IMAGE, conditions, started, waiting
 from test_controller_transitions import HEAD, RUNNING, SPEC, WORKER, World, pods_are, with_spec
-from test_gpu_pools import fixture_nodes
+from test_gpu_pools import H100_JOB, fill_dgx_nodes, fixture_nodes
 
 from verl_operator.api.image_ref import image_problem
 from verl_operator.api.plan import PlanResult
@@ -627,28 +627,8 @@ def test_idle_instance_type_h100s_take_a_job_while_the_gfd_ones_are_full() -> No
             node("p5-0", {"node.kubernetes.io/instance-type": "p5.48xlarge"}),
         ]
     )
-    world.reconciler = type(world.reconciler)(
-        world.kube, lambda: world.kube.snapshot(world.nodes), lambda: world.now
-    )
-    for i in range(2):
-        world.kube.add(
-            {
-                "kind": "Pod",
-                "metadata": {"name": f"busy-{i}", "namespace": "default", "uid": f"b{i}"},
-                "spec": {
-                    "nodeName": f"dgx-{i}",
-                    "containers": [{"resources": {"requests": {"nvidia.com/gpu": 8}}}],
-                },
-                "status": {"phase": "Running"},
-            }
-        )
-    world.submit(
-        {
-            "verl": {"image": "example.com/verl:0.9.1"},
-            "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
-            "resources": {"gpus": 8, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
-        }
-    )
+    fill_dgx_nodes(world, 2)
+    world.submit(H100_JOB)
     world.reconcile()
     status = world.status()
     assert (status["phase"], status["reason"]) == ("Starting", "Placed"), status["message"]

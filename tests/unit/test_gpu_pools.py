@@ -54,17 +54,20 @@ def test_memory_far_apart_stays_apart() -> None:
     assert [p.memory_mib for p in pools] == [40960, 81559]
 
 
-@pytest.mark.parametrize("idle_style", ["karpenter-p5", "gke-h100"])
-def test_idle_h100s_in_another_label_style_take_the_job(idle_style: str) -> None:
-    """Six DGX-style H100 nodes full, two more H100 nodes idle in another label style: an 8-GPU H100 job
-    is placed on one of those, not left waiting on 'not eligible in the plan'."""
-    world = World(
-        nodes=[*fixture_nodes("gpu-operator-dgx-h100", 6, "dgx"), *fixture_nodes(idle_style, 2, "idle")]
-    )
+#: An 8-GPU H100 job, by the product name GPU Feature Discovery publishes.
+H100_JOB: dict[str, Any] = {
+    "verl": {"image": "example.com/verl:0.9.1"},
+    "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
+    "resources": {"gpus": 8, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+}
+
+
+def fill_dgx_nodes(world: World, count: int) -> None:
+    """Read nodes from the world's own list and fill ``dgx-0`` .. ``dgx-<count-1>`` with running 8-GPU pods."""
     world.reconciler = type(world.reconciler)(
         world.kube, lambda: world.kube.snapshot(world.nodes), lambda: world.now
     )
-    for i in range(6):
+    for i in range(count):
         world.kube.add(
             {
                 "kind": "Pod",
@@ -76,12 +79,17 @@ def test_idle_h100s_in_another_label_style_take_the_job(idle_style: str) -> None
                 "status": {"phase": "Running"},
             }
         )
-    spec = {
-        "verl": {"image": "example.com/verl:0.9.1"},
-        "model": {"path": "Qwen/Qwen2.5-7B-Instruct"},
-        "resources": {"gpus": 8, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
-    }
-    world.submit(spec)
+
+
+@pytest.mark.parametrize("idle_style", ["karpenter-p5", "gke-h100"])
+def test_idle_h100s_in_another_label_style_take_the_job(idle_style: str) -> None:
+    """Six DGX-style H100 nodes full, two more H100 nodes idle in another label style: an 8-GPU H100 job
+    is placed on one of those, not left waiting on 'not eligible in the plan'."""
+    world = World(
+        nodes=[*fixture_nodes("gpu-operator-dgx-h100", 6, "dgx"), *fixture_nodes(idle_style, 2, "idle")]
+    )
+    fill_dgx_nodes(world, 6)
+    world.submit(H100_JOB)
     world.reconcile()
     status = world.status()
     assert (status["phase"], status["reason"]) == ("Starting", "Placed"), status["message"]
