@@ -342,13 +342,13 @@ def test_a_job_leaving_the_queue_wakes_the_jobs_behind_and_queued_jobs_run_in_or
     assert cache.drop_job(("ns", "late")) is True  # a queued job deleted
 
 
-class _Custom:
-    """The custom-objects API answering every status patch with ``status``."""
+class _Raw:
+    """The API answering every request with ``status``."""
 
     def __init__(self, status: int) -> None:
         self.status = status
 
-    def patch_namespaced_custom_object_status(self, *args: Any) -> Any:
+    def request(self, *args: Any, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
 
         raise ApiException(status=self.status, reason="test")
@@ -362,7 +362,7 @@ def test_a_status_patch_of_a_job_deleted_meanwhile_is_dropped(code: int, raises:
     from verl_operator.controller.cache import CachedKube
 
     kube = CachedKube(client.ApiClient(), WatchCache())
-    kube.custom = _Custom(code)  # type: ignore[assignment]
+    kube.raw = _Raw(code)  # type: ignore[assignment]
     if raises:
         with pytest.raises(ApiException):
             kube.patch_status("ns", "gone", {"phase": "Pending"})

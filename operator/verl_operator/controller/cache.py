@@ -24,12 +24,14 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, cast
 
+import orjson
+
 from verl_operator.api.plan import PlanResult
-from verl_operator.api.spec import GROUP, PLURAL, VERSION, VerlJobSpec
+from verl_operator.api.spec import VerlJobSpec
 from verl_operator.api.status import ACTIVE_PHASES, StatusView
-from verl_operator.controller.kube import Kube, response_json, written_version
+from verl_operator.controller.kube import Kube, written_version
 from verl_operator.controller.queue import Priorities, Rank, Waiting, rank, waiting_entry
-from verl_operator.controller.refused import BLOCKED_REASONS, refusal
+from verl_operator.controller.refused import BLOCKED_REASONS
 from verl_operator.controller.snapshot import Snapshot, SnapshotMemo, node_capacity, pod_usage_entry
 from verl_operator.manifests.names import LABEL_JOB
 from verl_operator.placement import NodeCapacity
@@ -57,11 +59,26 @@ def _newer(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
 
 def plain_copy(value: Any) -> Any:
     """A deep copy of JSON-shaped data (dicts, lists and immutable scalars), several times faster than
-    ``copy.deepcopy``, which keeps a memo of every object for cycles and shared references JSON cannot have."""
+    ``copy.deepcopy``, which keeps a memo of every object for cycles and shared references JSON cannot have.
+
+    A dict or list that orjson encodes and decodes to an equal value is copied that way (four times faster
+    again than walking it in Python: a 5 KB pod in 31 us instead of 129 us); anything else (a tuple, which
+    JSON would make a list; a client model; an integer beyond 64 bits) is copied by :func:`_walk_copy`."""
+    if isinstance(value, (dict, list)):
+        try:
+            copied = orjson.loads(orjson.dumps(value, option=orjson.OPT_PASSTHROUGH_SUBCLASS))
+        except (TypeError, orjson.JSONDecodeError):
+            return _walk_copy(value)
+        if copied == value:  # a tuple inside came back a list, a big integer a float: not equal, walked
+            return copied
+    return _walk_copy(value)
+
+
+def _walk_copy(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: plain_copy(v) for k, v in value.items()}
+        return {k: _walk_copy(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [plain_copy(v) for v in value]
+        return [_walk_copy(v) for v in value]
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return copy.deepcopy(value)  # anything else (a client model, a tuple): the general way
@@ -402,9 +419,7 @@ class CachedKube(Kube):
         from kubernetes.client.exceptions import ApiException
 
         try:
-            result = self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}
-            )
+            result = self._patch_status(namespace, name, status)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -425,26 +440,12 @@ class CachedKube(Kube):
         """Create one child; a created pod is stored at once (the gang release checks every pod exists)."""
         if manifest["kind"] != "Pod":
             return super().create(manifest)
-        self.require_scheduler(manifest)
-        ns = manifest["metadata"]["namespace"]
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            body: Any = dict(manifest)
-            created = self.core.create_namespaced_pod(ns, body, _preload_content=False)
-        except ApiException as exc:
-            if exc.status == 409:
-                return self.exists_owned(manifest, exc)
-            refused = refusal(exc, manifest)
-            if refused is not None:
-                raise refused from exc
-            raise
-        self.cache.put_pod(response_json(created))  # the JSON itself: no V1Pod model built and taken apart
+        created = self._create(manifest, decode=True)
+        if created is None:
+            return False
+        self.cache.put_pod(created)
         return True
 
     def ungate(self, namespace: str, name: str) -> None:
         """Remove the pod's scheduling gates and store the pod the API server returns."""
-        pod = self.core.patch_namespaced_pod(
-            name, namespace, {"spec": {"schedulingGates": None}}, _preload_content=False
-        )
-        self.cache.put_pod(response_json(pod))
+        self.cache.put_pod(self._ungate(namespace, name, decode=True))

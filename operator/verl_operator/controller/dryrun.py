@@ -17,20 +17,16 @@ from concurrent.futures import Executor
 from typing import Any
 
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.controller.kube import drained
+from verl_operator.controller.kube import CORE_PLURALS
+from verl_operator.controller.rawapi import RawAPI, core_path
 from verl_operator.controller.refused import refusal
 from verl_operator.manifests import LaunchPlan, build_children
 
 LOG = logging.getLogger(__name__)
 #: The uid of the job in the dry-run manifests (a job being created has none yet).
 DRY_RUN_UID = "00000000-0000-0000-0000-000000000000"
-#: The kinds dry-run, with the CoreV1Api method that creates each.
-CREATE = {
-    "ServiceAccount": "create_namespaced_service_account",
-    "ConfigMap": "create_namespaced_config_map",
-    "Service": "create_namespaced_service",
-    "Pod": "create_namespaced_pod",
-}
+#: The kinds dry-run (core/v1, each created by a POST to its plural).
+CREATE = tuple(CORE_PLURALS)
 
 
 def dry_run_children(
@@ -85,9 +81,7 @@ def dry_run_problems(
 
     With ``calls`` the children are dry-run at once on it (each is its own API request; the review waits for
     the slowest one, not for their sum); the problems are the same and in the same order."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api)
+    core = RawAPI(api)
     items = [children] if isinstance(children, Mapping) else list(children)
     if calls is None or len(items) < 2:
         refused = [_dry_run_one(core, child) for child in items]
@@ -104,18 +98,15 @@ def dry_run_problems(
     return out
 
 
-def _dry_run_one(core: Any, child: Mapping[str, Any]) -> str | None:
+def _dry_run_one(core: RawAPI, child: Mapping[str, Any]) -> str | None:
     """The problem line of one child's dry run, or None when the API server would create it (or answered
     with an error that is not a refusal, logged)."""
     from kubernetes.client.exceptions import ApiException
 
     meta = child["metadata"]
     try:
-        drained(
-            getattr(core, CREATE[str(child["kind"])])(
-                meta["namespace"], dict(child), dry_run="All", _preload_content=False
-            )
-        )
+        path = core_path(str(meta["namespace"]), CORE_PLURALS[str(child["kind"])])
+        core.request("POST", path, dict(child), query={"dryRun": "All"}, decode=False)
     except ApiException as exc:
         refused = refusal(exc, child)
         if refused is None or not refused.denies_admission:  # busy, or a quota others use now

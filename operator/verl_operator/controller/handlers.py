@@ -25,6 +25,7 @@ from verl_operator.controller.cache import CachedKube
 from verl_operator.controller.config import current
 from verl_operator.controller.dryrun import dry_run_children, dry_run_problems, job_pods
 from verl_operator.controller.kopf_private import install as install_quiet_toggles
+from verl_operator.controller.kopf_private import install_fast_json
 from verl_operator.controller.kube import job_quota_problems, kueue_problems
 from verl_operator.controller.leader import (
     ElectionTiming,
@@ -50,6 +51,7 @@ from verl_operator.manifests.names import LABEL_JOB
 from verl_operator.policy import PolicyError
 
 install_quiet_toggles()  # before kopf builds its start-up barrier (controller/kopf_private.py)
+install_fast_json()  # kopf's watch events decoded by orjson (controller/kopf_private.py)
 
 log = logging.getLogger("verl_operator.handlers")
 _TASKS: list[asyncio.Task[None]] = []  # the reconcile loop, or the leader election that starts it

@@ -16,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from verl_operator.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from verl_operator.controller.kueue import WORKLOAD_GROUP, WORKLOAD_VERSIONS
 from verl_operator.controller.quota import job_totals, quota_problems
+from verl_operator.controller.rawapi import MERGE_PATCH, STRATEGIC_MERGE_PATCH, RawAPI, core_path, group_path
 from verl_operator.controller.refused import name_taken, refusal
 from verl_operator.manifests.children import KUEUE_QUEUE_LABEL
 from verl_operator.manifests.names import LABEL_JOB
@@ -108,18 +109,20 @@ def written_version(result: object) -> str | None:
 
 
 class Kube:
-    """:class:`KubeAPI` over the kubernetes client; every create is idempotent (409 means it exists)."""
+    """:class:`KubeAPI` over the API server; every create is idempotent (409 means it exists).
+
+    The calls go through :class:`~verl_operator.controller.rawapi.RawAPI` (plain JSON over the kubernetes
+    client's connections and credentials, without its per-call validation and response models).
+    """
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
+        self.raw = RawAPI(api)
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The VerlJob, or None when it is gone."""
         try:
-            job = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-            return cast(dict[str, Any], job)
+            return cast(dict[str, Any], self.raw.request("GET", _job_path(namespace, name)))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -127,16 +130,18 @@ class Kube:
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> str | None:
         """Merge-patch ``status`` (a None value removes the key); the job's ``resourceVersion`` after it."""
-        result = self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}
+        return written_version(self._patch_status(namespace, name, status))
+
+    def _patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Any:
+        return self.raw.request(
+            "PATCH", _job_path(namespace, name, "status"), {"status": dict(status)}, content_type=MERGE_PATCH
         )
-        return written_version(result)
 
     def delete_job(self, namespace: str, name: str) -> None:
         """Delete the VerlJob (children follow by owner references, in the background)."""
         try:
-            self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background"
+            self.raw.request(
+                "DELETE", _job_path(namespace, name), query={"propagationPolicy": "Background"}, decode=False
             )
         except ApiException as exc:
             if exc.status != 404:
@@ -144,39 +149,33 @@ class Kube:
 
     def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         """Every pod labelled with the job (fresh from the API server, not a cache)."""
-        result = self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}")
-        plain = self.api.sanitize_for_serialization(result)  # type: ignore[no-untyped-call]
-        pods: list[dict[str, Any]] = plain.get("items", [])
-        return pods
+        listed = self.raw.request(
+            "GET", core_path(namespace, "pods"), query={"labelSelector": f"{LABEL_JOB}={job}"}
+        )
+        return list(listed.get("items") or [])
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
         """Create one child; True when created, False when it already existed."""
+        return self._create(manifest, decode=False) is not None
+
+    def _create(self, manifest: Mapping[str, Any], decode: bool) -> Any:
+        """Create one child: the created object (``decode``) or True; None when it already existed."""
         self.require_scheduler(manifest)
         ns = manifest["metadata"]["namespace"]
         kind = manifest["kind"]
-        body: Any = dict(manifest)
-        # _preload_content=False: the created object is not needed, so no response model is built from it
         try:
-            if kind == "Pod":
-                drained(self.core.create_namespaced_pod(ns, body, _preload_content=False))
-            elif kind == "ConfigMap":
-                drained(self.core.create_namespaced_config_map(ns, body, _preload_content=False))
-            elif kind == "Service":
-                drained(self.core.create_namespaced_service(ns, body, _preload_content=False))
-            elif kind == "ServiceAccount":
-                drained(self.core.create_namespaced_service_account(ns, body, _preload_content=False))
+            if kind in CORE_PLURALS:
+                path = core_path(ns, CORE_PLURALS[kind])
             elif kind == "PodGroup":
-                group, version = manifest["apiVersion"].split("/")
-                drained(
-                    self.custom.create_namespaced_custom_object(
-                        group, version, ns, "podgroups", body, _preload_content=False
-                    )
-                )
+                group, version = str(manifest["apiVersion"]).split("/")
+                path = group_path(group, version, ns, "podgroups")
             else:
                 raise ValueError(f"unsupported child kind {kind}")
+            created = self.raw.request("POST", path, dict(manifest), decode=decode)
         except ApiException as exc:
             if exc.status == 409:
-                return self.exists_owned(manifest, exc)
+                self.exists_owned(manifest, exc)
+                return None
             if exc.status == 404 and kind == "PodGroup":
                 raise MissingAPIError(
                     f"{manifest['apiVersion']} PodGroup is not served: is Volcano installed?"
@@ -185,7 +184,7 @@ class Kube:
             if refused is not None:
                 raise refused from exc
             raise
-        return True
+        return created if decode else True
 
     def require_scheduler(self, manifest: Mapping[str, Any]) -> None:
         """A pod handed to Kueue is created only where Kueue's API is served: without Kueue nothing would
@@ -220,18 +219,13 @@ class Kube:
     def read_object(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
         """The object named like ``manifest`` (its metadata is enough), or None when it does not exist."""
         ns, name, kind = manifest["metadata"]["namespace"], manifest["metadata"]["name"], manifest["kind"]
-        reads = {
-            "Pod": self.core.read_namespaced_pod,
-            "ConfigMap": self.core.read_namespaced_config_map,
-            "Service": self.core.read_namespaced_service,
-            "ServiceAccount": self.core.read_namespaced_service_account,
-        }
-        try:
-            if kind in reads:
-                return response_json(reads[kind](name, ns, _preload_content=False))
+        if kind in CORE_PLURALS:
+            path = core_path(ns, CORE_PLURALS[kind], name)
+        else:
             group, version = str(manifest["apiVersion"]).split("/")
-            obj = self.custom.get_namespaced_custom_object(group, version, ns, "podgroups", name)
-            return cast(dict[str, Any], obj)
+            path = group_path(group, version, ns, "podgroups", name)
+        try:
+            return cast(dict[str, Any], self.raw.request("GET", path))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -240,24 +234,30 @@ class Kube:
     def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """The ConfigMap's data, or None when it does not exist."""
         try:
-            cm = self.core.read_namespaced_config_map(name, namespace)
+            cm = self.raw.request("GET", core_path(namespace, "configmaps", name))
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return dict(cm.data or {})
+        return dict(cm.get("data") or {})
 
     def patch_configmap_data(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
         """Replace the ConfigMap's data keys."""
-        self.core.patch_namespaced_config_map(name, namespace, {"data": dict(data)})
+        self.raw.request(
+            "PATCH",
+            core_path(namespace, "configmaps", name),
+            {"data": dict(data)},
+            content_type=STRATEGIC_MERGE_PATCH,
+            decode=False,
+        )
 
     def read_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Kueue's Workload ``name`` (v1beta2, else v1beta1); None when it is missing or not readable (no
         Kueue, or no RBAC grant for workloads: the status then says Kueue's reason is unknown)."""
         for version in WORKLOAD_VERSIONS:
             try:
-                found = self.custom.get_namespaced_custom_object(
-                    WORKLOAD_GROUP, version, namespace, "workloads", name
+                found = self.raw.request(
+                    "GET", group_path(WORKLOAD_GROUP, version, namespace, "workloads", name)
                 )
                 return cast(dict[str, Any], found)
             except ApiException as exc:
@@ -269,12 +269,21 @@ class Kube:
 
     def ungate(self, namespace: str, name: str) -> None:
         """Remove the pod's scheduling gates (the scheduler may bind it now)."""
-        self.core.patch_namespaced_pod(name, namespace, {"spec": {"schedulingGates": None}})
+        self._ungate(namespace, name, decode=False)
+
+    def _ungate(self, namespace: str, name: str, decode: bool) -> Any:
+        return self.raw.request(
+            "PATCH",
+            core_path(namespace, "pods", name),
+            {"spec": {"schedulingGates": None}},
+            content_type=STRATEGIC_MERGE_PATCH,
+            decode=decode,
+        )
 
     def delete_pod(self, namespace: str, name: str) -> None:
         """Delete a pod (gone already is fine)."""
         try:
-            self.core.delete_namespaced_pod(name, namespace)
+            self.raw.request("DELETE", core_path(namespace, "pods", name), decode=False)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -304,7 +313,20 @@ class Kube:
             "count": 1,
         }
         with contextlib.suppress(ApiException):  # an event is best effort: never fail a reconcile for it
-            drained(self.core.create_namespaced_event(meta["namespace"], body, _preload_content=False))
+            self.raw.request("POST", core_path(meta["namespace"], "events"), body, decode=False)
+
+
+#: The path segment of each core child kind the operator creates.
+CORE_PLURALS = {
+    "Pod": "pods",
+    "ConfigMap": "configmaps",
+    "Service": "services",
+    "ServiceAccount": "serviceaccounts",
+}
+
+
+def _job_path(namespace: str, name: str, sub: str | None = None) -> str:
+    return group_path(GROUP, VERSION, namespace, PLURAL, name, sub)
 
 
 #: The API group Kueue serves its queues from (``spec.scheduling.queueName`` hands the job to it).
@@ -354,8 +376,7 @@ def job_quota_problems(
     change); none when they cannot be read (the pods' own dry run still judges each pod).
     """
     try:
-        found = client.CoreV1Api(api).list_namespaced_resource_quota(namespace, _preload_content=False)
-        items = response_json(found).get("items") or []
+        items = RawAPI(api).request("GET", core_path(namespace, "resourcequotas")).get("items") or []
     except (ApiException, OSError, ValueError):
         return []
     return quota_problems(items, job_totals(pods), len(pods), priority_class)
