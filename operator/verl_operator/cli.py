@@ -15,6 +15,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "verl_operator.commands.render",
     "verl_operator.commands.import_script",
     "verl_operator.commands.run",
+    "verl_operator.commands.webhook_relay",
 )
 
 
