@@ -198,7 +198,8 @@ class Relay:
         failed within ``demote_seconds`` after every other."""
         urls = list(dict.fromkeys((*self.settings.backends, *await self.peer_urls())))
         now = self._clock()
-        recent = {u for u, at in self._failed.items() if now - at < self.settings.demote_seconds}
+        self._failed = {u: at for u, at in self._failed.items() if now - at < self.settings.demote_seconds}
+        recent = set(self._failed)
         return [u for u in urls if u not in recent] + [u for u in urls if u in recent]
 
     def _demote(self, failure: Failure) -> None:
@@ -219,12 +220,15 @@ class Relay:
                 timeout=aiohttp.ClientTimeout(total=max(seconds, 0.001)),
                 allow_redirects=False,
             ) as response:
-                data = await response.content.read(MAX_BODY_BYTES + 1)
-                if len(data) > MAX_BODY_BYTES:
-                    return Failure(backend, "an answer larger than the relay reads")
                 if response.status >= 500:
                     return Failure(backend, f"HTTP {response.status}")
-                return Answer(response.status, response.headers.get("Content-Type", ""), data)
+                chunks, size = [], 0
+                async for chunk in response.content.iter_any():  # the whole answer, however it arrives
+                    size += len(chunk)
+                    if size > MAX_BODY_BYTES:
+                        return Failure(backend, "an answer larger than the relay reads")
+                    chunks.append(chunk)
+                return Answer(response.status, response.headers.get("Content-Type", ""), b"".join(chunks))
         except TimeoutError:
             return Failure(backend, f"no answer within the review's remaining {seconds:.1f} s")
         except (aiohttp.ClientError, OSError) as exc:

@@ -13,6 +13,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -97,7 +98,13 @@ class Backend(threading.Thread):
                     self.held.append(conn)
                     conn = None  # type: ignore[assignment]
                     return
-                conn.sendall(self._answer(method, path, body))
+                answer = self._answer(method, path, body)
+                if self.mode == "pieces":  # the answer in small writes, a pause between: several TLS records
+                    for start in range(0, len(answer), 16384):
+                        conn.sendall(answer[start : start + 16384])
+                        time.sleep(0.002)
+                else:
+                    conn.sendall(answer)
         except (OSError, ssl.SSLError):
             return
         finally:
@@ -110,6 +117,9 @@ class Backend(threading.Thread):
             payload = json.dumps({"status": status, "backend": self.url}).encode()
         elif method == "GET":
             status, payload = 200, b"ok"
+        elif self.mode == "pieces":
+            status = 200
+            payload = json.dumps({"backend": self.url, "echo": body.decode()}).encode()
         else:
             status = 200
             review = json.loads(body)
@@ -372,6 +382,17 @@ def test_a_body_over_the_limit_is_refused_and_not_forwarded(
         status == 200
         and json.loads(answer)["response"]["status"]["message"] == hashlib.sha256(big).hexdigest()
     )
+
+
+def test_an_answer_arriving_in_pieces_is_returned_whole(
+    tls: tuple[Path, Path], backends: Any, relay: Any
+) -> None:
+    cert, _ = tls
+    slow = backends("pieces")
+    body = review_body(padding=1_000_000)
+    status, answer = post(cert, relay(slow.url).port, body)
+    assert status == 200
+    assert json.loads(answer) == {"backend": slow.url, "echo": body.decode()}
 
 
 def test_the_relay_reads_what_the_webhook_server_reads() -> None:
