@@ -459,3 +459,26 @@ def test_settings_problems(settings: RelaySettings, problem: str) -> None:
 )
 def test_timeout_query(query: str, seconds: float | None) -> None:
     assert timeout_query(query) == seconds
+
+
+def test_the_relay_process_loads_no_client_no_planner_no_api_models() -> None:
+    """``verl-operator webhook-relay`` imports its own module only: not kopf, the kubernetes client, the
+    planner or the API models the other subcommands load (the import contract covers the relay's code; this
+    covers the process the CLI starts). A command line without a backend stops before serving."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from verl_operator.cli import main\n"
+        "try:\n"
+        "    main(['webhook-relay', '--port=1', '--cert=c.pem', '--key=k.pem'])\n"
+        "except SystemExit as exc:\n"
+        "    print('exit:', exc.code)\n"
+        "heavy = ('kopf', 'kubernetes', 'pydantic', 'verl_operator.planner', 'verl_operator.api', "
+        "'verl_operator.controller')\n"
+        "print('loaded:', sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert "exit: error: no backend" in out.stdout
+    assert "loaded: []" in out.stdout, out.stdout
