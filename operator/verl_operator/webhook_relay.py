@@ -204,9 +204,7 @@ class Relay:
 
     def _demote(self, failure: Failure) -> None:
         self._failed[failure.backend] = self._clock()
-        log.warning(
-            "webhook backend %s: %s; the review goes to the next backend", failure.backend, failure.reason
-        )
+        log.warning("webhook backend %s gave no answer: %s", failure.backend, failure.reason)
 
     async def _attempt(
         self, backend: str, path: str, body: bytes, content_type: str, seconds: float
@@ -323,7 +321,7 @@ class Relay:
                 self.deadline_for(request),
             )
             if answer is None:
-                log.error("no webhook backend answered a review within its deadline")
+                log.error("no webhook backend answered a review (each one failed, or the deadline passed)")
                 return aiohttp.web.Response(status=504, text="no webhook backend answered")
             response = aiohttp.web.Response(status=answer.status, body=answer.body)
             if answer.content_type:
