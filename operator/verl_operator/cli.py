@@ -15,6 +15,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "verl_operator.commands.render",
     "verl_operator.commands.import_script",
     "verl_operator.commands.run",
+    "verl_operator.commands.webhook_relay",
 )
 
 
@@ -44,8 +45,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
 
+#: Subcommands whose process loads their own module only, not the other commands' (the planner, the API
+#: models): the webhook relay runs as a process of its own next to each replica and stays small.
+ALONE: dict[str, str] = {"webhook-relay": "verl_operator.commands.webhook_relay"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_command(build_parser(), argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ALONE:
+        return run_command(command_parser("verl-operator", "The webhook relay.", (ALONE[args[0]],)), args)
+    return run_command(build_parser(), args)
 
 
 def build_kubectl_parser() -> argparse.ArgumentParser:

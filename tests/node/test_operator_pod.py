@@ -24,9 +24,14 @@ def test_the_operator_runs_as_a_pod_under_its_service_account(
     )
     assert pod.spec.node_name.startswith("real-"), pod.spec.node_name
     assert pod.spec.service_account_name == RELEASE
-    [status] = pod.status.container_statuses
+    statuses = {s.name: s for s in pod.status.container_statuses}
+    assert set(statuses) == {"operator", "webhook-relay"}
+    status = statuses["operator"]
     assert status.image == projectimages.operator_image()
     assert status.ready and status.restart_count == 0, status
+    # The webhook relay (same image) is ready: it answers while a replica's webhook server does.
+    relay = statuses["webhook-relay"]
+    assert relay.image == status.image and relay.ready and relay.restart_count == 0, relay
     # The image runs as its non-root user; the container really runs (a real containerd image id).
     assert pod.spec.security_context.run_as_user == 65532
     assert status.image_id.startswith("sha256:") or "@sha256:" in status.image_id

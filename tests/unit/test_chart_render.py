@@ -68,11 +68,12 @@ def rules(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]
                 yield f"{obj['kind']}/{obj['metadata'].get('namespace', '')}/{obj['metadata']['name']}", rule
 
 
-def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+def container(objects: list[dict[str, Any]], name: str = "operator") -> dict[str, Any]:
+    """The operator pod's container ``name``: ``operator`` or ``webhook-relay``."""
     containers = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
-    assert len(containers) == 1
-    first: dict[str, Any] = containers[0]
-    return first
+    assert {c["name"] for c in containers} <= {"operator", "webhook-relay"}
+    [found] = [c for c in containers if c["name"] == name]
+    return dict(found)
 
 
 NON_DEFAULT: dict[str, Any] = {
@@ -111,6 +112,7 @@ def test_defaults_render_a_cluster_wide_install(helm: str) -> None:
             "ClusterRoleBinding",
             "Deployment",
             "Service",  # webhook
+            "Service",  # the replicas' webhook servers (headless: the relays' peers)
             "Service",  # metrics
             "Secret",  # webhook TLS
             "ConfigMap",  # admission policy
@@ -316,7 +318,7 @@ def test_self_generated_certificate_is_signed_by_the_ca_bundle(helm: str) -> Non
     assert f"{service['name']}.{service['namespace']}.svc" in names.get_values_for_type(x509.DNSName)
     webhook_service = next(s for s in by_kind(objects, "Service") if s["metadata"]["name"] == service["name"])
     assert webhook_service["spec"]["ports"][0]["port"] == service["port"]
-    assert webhook_service["spec"]["ports"][0]["targetPort"] == "webhook"
+    assert webhook_service["spec"]["ports"][0]["targetPort"] == "relay"  # the relay serves the certificate
     assert service["path"] == one_value(helm, "webhook.path")
     pod = one(objects, "Deployment")["spec"]["template"]["spec"]
     tls_volume = next(v for v in pod["volumes"] if "secret" in v)
@@ -753,3 +755,132 @@ def test_without_an_in_cluster_webhook_readiness_asks_the_health_endpoint(
     ready = ctr["readinessProbe"]["httpGet"]
     assert (ready["path"], ports[ready["port"]]) == ("/healthz", 8080)
     assert "scheme" not in ready
+
+
+def _relay_args(command: list[str]) -> Any:
+    """The relay's command line as ``verl-operator``'s own parser reads it (``$(POD_IP)`` as the kubelet
+    expands it)."""
+    from verl_operator.cli import build_parser
+
+    assert command[:2] == ["verl-operator", "webhook-relay"]
+    return build_parser().parse_args([a.replace("$(POD_IP)", "10.244.1.7") for a in command[1:]])
+
+
+def test_the_webhook_relay_fronts_the_replicas_with_the_webhook_certificate(helm: str) -> None:
+    """Each operator pod runs the relay next to the operator: the webhook Service routes to it, it serves the
+    webhook's certificate, forwards to its own replica first and then to the others by the headless Service of
+    their webhook servers (its own address left out), gives up before the API server does, and is probed like
+    the operator's webhook server."""
+    objects = render(helm)
+    pod = one(objects, "Deployment")["spec"]["template"]
+    operator, relay = container(objects), container(objects, "webhook-relay")
+    assert relay["image"] == operator["image"]
+    args = _relay_args(relay["command"])
+    relay_port = {p["name"]: p["containerPort"] for p in relay["ports"]}["relay"]
+    webhook_port = {p["name"]: p["containerPort"] for p in operator["ports"]}["webhook"]
+    assert (args.listen_address, args.port) == ("0.0.0.0", relay_port)
+    assert args.backend == [f"https://127.0.0.1:{webhook_port}"]
+
+    # The API server's connection ends at the relay; the relay's peers are the replicas' webhook servers.
+    services = {s["metadata"]["name"]: s for s in by_kind(objects, "Service")}
+    front = services[f"{FULLNAME}-webhook"]["spec"]
+    assert front["ports"][0]["targetPort"] == "relay" and front["publishNotReadyAddresses"] is False
+    backends = services[f"{FULLNAME}-webhook-backends"]["spec"]
+    assert backends["clusterIP"] == "None" and backends["publishNotReadyAddresses"] is False
+    assert backends["selector"].items() <= pod["metadata"]["labels"].items()
+    assert backends["ports"][0]["targetPort"] == "webhook" and backends["ports"][0]["port"] == webhook_port
+    assert args.peers == f"{FULLNAME}-webhook-backends.{NAMESPACE}.svc:{webhook_port}"
+    assert args.exclude_address == ["10.244.1.7"]
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in relay["env"]
+
+    # The webhook's own certificate, key and CA from the webhook Secret, read-only.
+    secret = one(objects, "Secret")
+    [mount] = relay["volumeMounts"]
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"] and mount["readOnly"] is True
+    files = {f"{mount['mountPath']}/{key}" for key in secret["data"]}
+    assert {args.cert, args.key, *args.backend_ca} <= files
+    assert f"--webhook-cert={args.cert}" in operator["command"]
+
+    # Timeouts: the next replica gets a review after backend-timeout; the relay gives up before the API server.
+    webhook = one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
+    assert args.backend_timeout < args.deadline < webhook["timeoutSeconds"]
+    assert (args.backend_timeout, args.deadline) == (3.0, 9.0)
+
+    # Probes: readiness asks the relay (ready while a replica answers), liveness the relay's own endpoint.
+    ready, live = relay["readinessProbe"], relay["livenessProbe"]
+    assert (ready["httpGet"]["path"], ready["httpGet"]["port"], ready["httpGet"]["scheme"]) == (
+        "/readyz",
+        "relay",
+        "HTTPS",
+    )
+    assert ready["periodSeconds"] * ready["failureThreshold"] + ready["timeoutSeconds"] == 6
+    assert (live["httpGet"]["path"], live["httpGet"]["port"]) == ("/healthz", "relay")
+    sc = relay["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert relay["resources"]["limits"]["memory"]
+
+
+def test_the_relay_gets_no_service_account_token(helm: str) -> None:
+    """The pod mounts no token by default; the operator container alone mounts the volume the kubelet would
+    have mounted into every container (the bound token, the cluster CA, the namespace)."""
+    objects = render(helm)
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    operator, relay = container(objects), container(objects, "webhook-relay")
+    path = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert not [m for m in relay["volumeMounts"] if m["mountPath"].startswith("/var/run/secrets")]
+    assert "envFrom" not in relay
+    assert [e["name"] for e in relay["env"]] == ["POD_IP"]
+    [token_mount] = [m for m in operator["volumeMounts"] if m["mountPath"] == path]
+    volume = next(v for v in pod["volumes"] if v["name"] == token_mount["name"])
+    sources = volume["projected"]["sources"]
+    assert {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}} in sources
+    assert any(s.get("configMap", {}).get("name") == "kube-root-ca.crt" for s in sources)
+    assert any(i["path"] == "namespace" for s in sources for i in s.get("downwardAPI", {}).get("items", []))
+
+
+@pytest.mark.parametrize(
+    ("sets", "relay"),
+    [
+        pytest.param(("webhook.relay.enabled=false",), False, id="relay-off"),
+        pytest.param(("webhook.enabled=false",), False, id="no-webhook"),
+        pytest.param(("webhook.url=https://127.0.0.1:9443",), False, id="dev-mode"),
+        pytest.param(("webhook.timeoutSeconds=5",), True, id="short-timeout"),
+    ],
+)
+def test_the_relay_only_with_the_webhook_in_the_cluster(
+    helm: str, sets: tuple[str, ...], relay: bool
+) -> None:
+    objects = render(helm, *sets)
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    names = [c["name"] for c in pod["containers"]]
+    assert names == (["operator", "webhook-relay"] if relay else ["operator"])
+    assert pod["automountServiceAccountToken"] is (not relay)
+    assert (
+        any(s["metadata"]["name"].endswith("-webhook-backends") for s in by_kind(objects, "Service")) is relay
+    )
+    if relay:
+        args = _relay_args(container(objects, "webhook-relay")["command"])
+        assert args.deadline == 4.0 and args.backend_timeout < args.deadline
+    elif "webhook.relay.enabled=false" in sets:
+        front = next(s for s in by_kind(objects, "Service") if s["metadata"]["name"] == f"{FULLNAME}-webhook")
+        assert front["spec"]["ports"][0]["targetPort"] == "webhook"
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        pytest.param(("webhook.timeoutSeconds=4",), id="no-time-for-the-next-replica"),
+        pytest.param(("webhook.relay.backendTimeoutSeconds=9.5",), id="backend-timeout-past-the-deadline"),
+    ],
+)
+def test_a_relay_timeout_that_leaves_no_time_for_the_next_replica_is_refused(
+    helm: str, sets: tuple[str, ...]
+) -> None:
+    proc = run_helm(
+        helm, "template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION, *(f"--set={s}" for s in sets)
+    )
+    assert proc.returncode != 0
+    assert "backendTimeoutSeconds" in proc.stderr

@@ -23,6 +23,7 @@ from verl_operator.controller.webhook import write_self_signed
 from verl_operator.controller.webhook_server import (
     MAX_REVIEW_BYTES,
     READY_PATH,
+    REVIEW_DELAY_ENV,
     BadReview,
     WebhookServer,
     admission_response,
@@ -150,6 +151,42 @@ def _served_count() -> float:
     from prometheus_client import REGISTRY
 
     return REGISTRY.get_sample_value("verl_operator_webhook_request_seconds_count") or 0.0
+
+
+def _in_flight() -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("verl_operator_webhook_reviews_in_flight") or 0.0
+
+
+def test_a_review_held_by_the_server_counts_as_in_flight_until_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-flight gauge (what the cluster tests watch to stop or kill a replica holding reviews) counts
+    a review from its arrival to its answer; the test hook holds it before the answer."""
+    monkeypatch.setenv(REVIEW_DELAY_ENV, "1.5")
+    served = Served(tmp_path, {"verljob": lambda r: admission_response(r, deny)})
+    seen: list[float] = []
+    answers: list[tuple[int, Any]] = []
+    before = _in_flight()
+
+    async def body() -> None:
+        gen = served.server(served.fn)
+        config = await gen.__anext__()
+        post = asyncio.create_task(
+            asyncio.to_thread(served.post, config["url"] + "/verljob", json.dumps(review()).encode())
+        )
+        while not post.done() and not seen:
+            if _in_flight() == before + 1:
+                seen.append(_in_flight())
+            await asyncio.sleep(0.01)
+        answers.append(await post)
+        await gen.aclose()
+
+    run_loop(body)
+    assert seen, "the held review was counted in flight"
+    assert answers[0][0] == 200 and answers[0][1]["response"]["allowed"] is False
+    assert _in_flight() == before
 
 
 def test_other_webhook_ids_go_to_kopf_in_its_loop(tmp_path: Path) -> None:

@@ -64,6 +64,16 @@ app.kubernetes.io/component: operator
 {{- if and .Values.webhook.enabled (not .Values.webhook.url) }}true{{ end }}
 {{- end }}
 
+{{/* "true" when each operator pod runs the webhook relay in front of the replicas' webhook servers. */}}
+{{- define "verl-operator.webhookRelay" -}}
+{{- if and (include "verl-operator.webhookInCluster" .) .Values.webhook.relay.enabled }}true{{ end }}
+{{- end }}
+
+{{/* The headless Service whose ready addresses are the replicas' webhook servers (the relays' peers). */}}
+{{- define "verl-operator.webhookBackendsName" -}}
+{{- printf "%s-webhook-backends" (include "verl-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{/*
 A rule of a Role/ClusterRole: apiGroups, resources and verbs, minus the verbs in rbac.dropVerbs. A rule left
 with no verbs is not rendered at all (the API server rejects an empty verb list).

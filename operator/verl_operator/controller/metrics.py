@@ -39,6 +39,10 @@ WEBHOOK_REQUEST_SECONDS = Histogram(
     "body read and parsed, the wait for a review thread, the answer and its encoding (not TLS).",
     buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5),
 )
+WEBHOOK_REVIEWS_IN_FLIGHT = Gauge(
+    "verl_operator_webhook_reviews_in_flight",
+    "AdmissionReview requests of this operator's webhooks the webhook's HTTP server has received and not answered.",
+)
 ADMISSION_DENIALS = Counter(
     "verl_operator_admission_denials_total", "VerlJobs denied by the validating webhook."
 )

@@ -25,6 +25,7 @@ import base64
 import contextlib
 import json
 import logging
+import os
 import re
 import ssl
 import threading
@@ -50,6 +51,10 @@ _UID = re.compile(r'"uid"\s*:\s*"([^"]{1,128})"')
 #: The readiness probe's path (GET): answered by this server's own thread and loop, so a replica whose
 #: webhook server cannot answer leaves the webhook's Service, whatever kopf's loop does.
 READY_PATH = "/readyz"
+
+#: Test hook: seconds the server holds each review of its own webhooks before it answers (the cluster tests
+#: use it to have reviews in flight on a replica they kill or pause); unset or 0 in production.
+REVIEW_DELAY_ENV = "VERL_OPERATOR_REVIEW_DELAY_SECONDS"
 
 #: An AdmissionReview in, the AdmissionReview response out (called in a worker thread).
 Review = Callable[[Mapping[str, Any]], dict[str, Any]]
@@ -174,12 +179,17 @@ class WebhookServer(kopf.WebhookServer):
         self, fn: Any, kopf_loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor
     ) -> Callable[[aiohttp.web.Request], Any]:
         reviews = self.reviews
+        delay = float(os.environ.get(REVIEW_DELAY_ENV, "0") or 0)
 
         async def serve(request: aiohttp.web.Request) -> aiohttp.web.Response:
             started = time.perf_counter()
+            metrics.WEBHOOK_REVIEWS_IN_FLIGHT.inc()
             try:
+                if delay > 0:
+                    await asyncio.sleep(delay)
                 return await answer(request)
             finally:
+                metrics.WEBHOOK_REVIEWS_IN_FLIGHT.dec()
                 metrics.WEBHOOK_REQUEST_SECONDS.observe(time.perf_counter() - started)
 
         async def answer(request: aiohttp.web.Request) -> aiohttp.web.Response:

@@ -40,6 +40,8 @@ class LocalOperator:
         serve_webhook: With ``webhook_name=None``: serve the webhook on :attr:`webhook_port` all the same,
             without a webhook configuration pointing at it (the HA test posts reviews to it directly).
         extra_args: More ``verl-operator run`` arguments (for example the leader election's flags).
+        webhook_cert: The webhook's serving certificate and key (PEM files) instead of a generated
+            self-signed one (replicas behind one relay share one certificate, as the chart's pods do).
     """
 
     def __init__(
@@ -52,8 +54,10 @@ class LocalOperator:
         resync_seconds: float | None = None,
         serve_webhook: bool = False,
         extra_args: tuple[str, ...] = (),
+        webhook_cert: tuple[Path, Path] | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
+        self.webhook_cert = webhook_cert
         self.workdir = workdir
         self.webhook_name = webhook_name
         self.namespaces = namespaces
@@ -82,7 +86,9 @@ class LocalOperator:
 
     @property
     def ca_path(self) -> Path:
-        """The webhook's self-signed certificate (its own CA)."""
+        """The webhook's certificate: the given one, or the self-signed one the process writes (its own CA)."""
+        if self.webhook_cert is not None:
+            return self.webhook_cert[0]
         return self.workdir / "webhook" / "tls.crt"
 
     def argv(self) -> list[str]:
@@ -106,6 +112,8 @@ class LocalOperator:
             argv += [f"--webhook-port={self.webhook_port}", f"--webhook-managed={self.webhook_name}"]
         elif self.serve_webhook:
             argv.append(f"--webhook-port={self.webhook_port}")
+        if self.webhook_cert is not None and (self.webhook_name or self.serve_webhook):
+            argv += [f"--webhook-cert={self.webhook_cert[0]}", f"--webhook-key={self.webhook_cert[1]}"]
         argv += [f"--namespace={ns}" for ns in self.namespaces]
         argv += list(self.extra_args)
         return argv
@@ -132,7 +140,10 @@ class LocalOperator:
     def _start_once(self, timeout: float) -> LocalOperator:
         self._log = self.log_path.open("ab")
         offset = self._log.tell()
-        self.ca_path.unlink(missing_ok=True)  # the process writes a new one; never compare with the last one
+        if self.webhook_cert is None:
+            self.ca_path.unlink(
+                missing_ok=True
+            )  # the process writes a new one; never compare with the last one
         self.proc = subprocess.Popen(
             self.argv(), stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
         )
@@ -227,6 +238,101 @@ class LocalOperator:
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
+
+
+class LocalRelay:
+    """One ``verl-operator webhook-relay`` subprocess on 127.0.0.1 in front of local webhook servers.
+
+    Args:
+        workdir: Directory for the log.
+        cert: The serving certificate and key (PEM files); the backends' certificates must chain to it.
+        backends: The webhook servers' base URLs, tried in this order.
+        backend_timeout: ``--backend-timeout``.
+        deadline: ``--deadline``.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        cert: tuple[Path, Path],
+        backends: tuple[str, ...],
+        backend_timeout: float = 3.0,
+        deadline: float = 9.0,
+    ) -> None:
+        self.workdir, self.cert, self.backends = workdir, cert, backends
+        self.backend_timeout, self.deadline = backend_timeout, deadline
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "relay.log"
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def argv(self) -> list[str]:
+        """The command line (argv list, never a shell string)."""
+        return [
+            sys.executable,
+            "-m",
+            "verl_operator",
+            "webhook-relay",
+            f"--port={self.port}",
+            f"--cert={self.cert[0]}",
+            f"--key={self.cert[1]}",
+            *[f"--backend={url}" for url in self.backends],
+            f"--backend-timeout={self.backend_timeout}",
+            f"--deadline={self.deadline}",
+            "--drain-seconds=0",
+        ]
+
+    def start(self, timeout: float = 30.0, attempts: int = 5) -> LocalRelay:
+        """Start the process on a free port and wait until it serves its certificate there."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cert = self.cert[0].read_bytes()
+        for _ in range(attempts):
+            self.port = pick_free_ports(("relay",))["relay"]
+            self._log = self.log_path.open("ab")
+            offset = self._log.tell()
+            self.proc = subprocess.Popen(self.argv(), stdout=self._log, stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + timeout
+            own: bool | None = None
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    break
+                own = serves_certificate(self.port, cert)
+                if own:
+                    return self
+                if own is False:  # another program took the port first
+                    break
+                time.sleep(0.1)
+            else:
+                self.stop()
+                raise LocalOperatorError(f"the relay did not serve in {timeout}s:\n{self.log_tail()}")
+            self.stop()
+            taken = ADDRESS_IN_USE in self.log_path.read_bytes()[offset:].decode(errors="replace").lower()
+            if not taken and own is not False:
+                raise LocalOperatorError(f"the relay exited:\n{self.log_tail()}")
+        raise LocalOperatorError(f"the relay lost the race for its port {attempts} times")
+
+    def log_tail(self, lines: int = 40) -> str:
+        return process.log_tail(self.log_path, lines)
+
+    def stop(self) -> None:
+        """SIGTERM, wait, then SIGKILL if needed."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
 
 def install_crd(kubeconfig: Path, timeout: float = 30.0) -> None:
