@@ -258,6 +258,30 @@ def test_jobs_run_concurrently_but_one_job_never_twice_at_once() -> None:
     assert 2 <= fake.calls.count(("ns", "j0")) <= 3
 
 
+def test_free_workers_take_jobs_in_the_queue_order_and_a_busy_runtime_orders_nothing() -> None:
+    runtime, fake = Runtime(), FakeReconciler(seconds=0.05)
+    ordered: list[tuple[str, str]] = []
+
+    def order(key: tuple[str, str]) -> tuple[int, str]:
+        ordered.append(key)
+        return (0, key[1])
+
+    runtime.cache.order = order  # type: ignore[assignment,method-assign]
+
+    async def main() -> None:
+        for i in reversed(range(6)):
+            runtime.enqueue(("ns", f"j{i}"))
+        driver = asyncio.create_task(_drive(runtime, fake, 0.6, workers=1))
+        for _ in range(40):  # events while the only worker is busy: each wakes the loop
+            await asyncio.sleep(0.002)
+            runtime.enqueue(("ns", "j0"))
+        await driver
+
+    asyncio.run(main())
+    assert list(dict.fromkeys(fake.calls)) == [("ns", f"j{i}") for i in range(6)]  # j0 again after its pass
+    assert len(ordered) <= 2 * (6 + 5 + 4 + 3 + 2 + 1), "ordered only when a worker was free"
+
+
 def test_idle_runtime_reconciles_nothing_until_the_resync() -> None:
     runtime, fake = Runtime(), FakeReconciler()
     runtime.cache.put_job(verljob("j1", "Running", ("n1",)))

@@ -118,7 +118,7 @@ class Runtime:
             log.exception("reconcile of %s/%s failed; retrying at the next change or resync", ns, name)
         finally:
             self.running.discard(key)
-            job = self.cache.job(ns, name)
+            job = self.cache.job_view(ns, name)  # read only: no copy
             dues = (
                 [
                     next_due(job),
@@ -194,9 +194,11 @@ class Runtime:
                 if self.phases_dirty and now - last_gauge >= PHASE_GAUGE_SECONDS:
                     metrics.set_job_phases(self.cache.phases())
                     self.phases_dirty, last_gauge = False, now
-                for key in sorted(self.pending - self.running, key=self.cache.order):  # the queue's order
-                    if len(self.running) >= workers:
-                        break
+                free = workers - len(self.running)
+                # the queue's order, for the free workers only: with every worker busy nothing is ordered (a
+                # batch queues hundreds of jobs, and each event would sort them all again)
+                ready = self.pending - self.running if free > 0 else set()
+                for key in heapq.nsmallest(free, ready, key=self.cache.order) if ready else ():
                     self.pending.discard(key)
                     self.running.add(key)
                     task = asyncio.create_task(self._one(reconciler, key, executor))
