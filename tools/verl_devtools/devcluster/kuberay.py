@@ -191,13 +191,5 @@ class KubeRayOperator:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 15 s."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        process.stop_child(self.proc, self._log)
+        self._log = None

@@ -323,16 +323,8 @@ class LocalRelay:
 
     def stop(self) -> None:
         """SIGTERM, wait, then SIGKILL if needed."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        process.stop_child(self.proc, self._log)
+        self._log = None
 
 
 def install_crd(kubeconfig: Path, timeout: float = 30.0) -> None:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import IO
 
 
 def start(argv: list[str], log_path: Path, cwd: Path) -> int:
@@ -100,6 +101,19 @@ def stop(pid: int, started: int | None = None, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + 10
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
+
+
+def stop_child(proc: subprocess.Popen[bytes] | None, log: IO[bytes] | None, timeout: float = 15.0) -> None:
+    """Stop a child this process started: SIGTERM, up to ``timeout`` seconds, then SIGKILL; close its log."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    if log is not None:
+        log.close()
 
 
 def log_tail(path: Path, lines: int = 20) -> str:
