@@ -38,6 +38,9 @@ class Observed:
             (:func:`verl_operator.controller.kueue.wants_workload`); None otherwise.
         progress: For a Running job, what its head pod's progress endpoint said (None: not read).
         nodes: For a Running job, its nodes' facts (the advisor re-plans its advice on them).
+        fresh: ``pods`` were listed from the API server between two reads of ``job`` that found it unchanged
+            (not from a watch cache): they are at least as new as ``status``, so they may prove it wrong
+            (:func:`verl_operator.controller.derived.contradicted_attempt`).
     """
 
     job: Mapping[str, Any]
@@ -52,6 +55,7 @@ class Observed:
     workload: Mapping[str, Any] | None = None
     progress: ProgressReading | None = None
     nodes: Sequence[NodeFacts] = ()
+    fresh: bool = False
 
     @property
     def generation(self) -> int:

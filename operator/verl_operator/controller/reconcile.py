@@ -29,6 +29,7 @@ from verl_operator.controller.decide import (
     release_orphans,
     scheduler_unavailable,
 )
+from verl_operator.controller.derived import contradicted_attempt
 from verl_operator.controller.kube import KubeAPI, MissingAPIError
 from verl_operator.controller.kueue import wants_workload
 from verl_operator.controller.observed import Observed
@@ -156,6 +157,13 @@ class JobReconciler:
             self.apply(namespace, None, VerlJobStatus(), release_orphans(name, pods))
             return
         status = parse_status(job.get("status"))
+        fresh = False
+        if status.placed and contradicted_attempt(job, status, pods) is not None:
+            read = self._read_through(namespace, name)
+            if read is None:
+                return  # gone since the cache showed it: its DELETED event follows
+            job, pods, fresh = read
+            status = parse_status(job.get("status"))
         if status.placed:
             workload = None
             if wants_workload(status, pods):  # Kueue holds or evicted the pods: its Workload says why
@@ -166,11 +174,28 @@ class JobReconciler:
                 placed = status.placement.nodes if status.placement else []
                 facts = [f for f in map(self.node_facts, placed) if f is not None]
             states = self.node_states(status)
-            t = self._pass(namespace, job, status, pods, EMPTY, states, workload, reading, facts)
+            t = self._pass(namespace, job, status, pods, EMPTY, states, workload, reading, facts, fresh)
             self._remember(namespace, job, status, pods, states, workload, t)
             return
         self.steady.pop((namespace, name), None)
         self._pass(namespace, job, status, pods, None)
+
+    def _read_through(
+        self, namespace: str, name: str
+    ) -> tuple[dict[str, Any], list[dict[str, Any]], bool] | None:
+        """The job and its pods from the API server, not the watch cache, and whether the pods were listed
+        between two reads of the job that found it unchanged (then they are at least as new as its status).
+        Taken only where the cached pods contradict the status's attempt, which a write of the operator's
+        own whose watch events have not arrived yet may also show. None: the job is gone."""
+        before = self.kube.read_job(namespace, name)
+        if before is None:
+            return None
+        pods = self.kube.list_job_pods(namespace, name)
+        job = self.kube.read_job(namespace, name)
+        if job is None:
+            return None
+        version = str(job["metadata"].get("resourceVersion") or "")
+        return job, pods, bool(version) and version == str(before["metadata"].get("resourceVersion") or "")
 
     def _remember(
         self,
@@ -305,6 +330,7 @@ class JobReconciler:
         workload: Mapping[str, Any] | None = None,
         progress: ProgressReading | None = None,
         facts: Sequence[NodeFacts] = (),
+        fresh: bool = False,
     ) -> Transition | None:
         """Decide and apply (twice when the first transition created pods); the last transition applied
         (None: the pass ended on a refusal or a missing API).
@@ -337,6 +363,7 @@ class JobReconciler:
                     workload=workload,
                     progress=progress,
                     nodes=facts,
+                    fresh=fresh,
                 )
                 transition = decide(seen)
                 if snap is None and transition.reserve is not None:
@@ -359,7 +386,9 @@ class JobReconciler:
                 return None
             if not transition.recheck:
                 return transition
-            pods = self.kube.job_pods(namespace, job["metadata"]["name"])
+            # After pods read through to the API server, so read again: a cache may still show pods deleted.
+            again = self.kube.list_job_pods if fresh else self.kube.job_pods
+            pods = again(namespace, job["metadata"]["name"])
         return None
 
     def node_states(self, status: VerlJobStatus) -> dict[str, str]:
