@@ -19,7 +19,7 @@ from typing import Any
 
 from verl_contract.launch_spec import LAUNCH_KEY
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.api.status import VerlJobStatus, parse_status
+from verl_operator.api.status import ProgressStatus, VerlJobStatus, parse_status
 from verl_operator.controller import config, metrics
 from verl_operator.controller.assess import Verdict
 from verl_operator.controller.decide import (
@@ -34,7 +34,7 @@ from verl_operator.controller.kube import KubeAPI, MissingAPIError
 from verl_operator.controller.kueue import wants_workload
 from verl_operator.controller.observed import Observed
 from verl_operator.controller.pipeline import pod_names
-from verl_operator.controller.progress import ProgressReading
+from verl_operator.controller.progress import ProgressReading, ProgressWriter
 from verl_operator.controller.proofs import PROOFS
 from verl_operator.controller.refused import ChildBlocked, ChildRefused
 from verl_operator.controller.running import progress_only
@@ -143,6 +143,9 @@ class JobReconciler:
         #: the fast path (:meth:`_progress_only`). One job's passes never overlap, so no lock is needed.
         self.steady: dict[tuple[str, str], Steady] = {}
         self.written: dict[tuple[str, str], str] = {}
+        #: Per job, the ``status.progress`` this process last wrote (or found equal to what it would
+        #: write): a different one in the status is not its own (:data:`ProgressWriter`).
+        self.progress_written: dict[tuple[str, str], ProgressStatus | None] = {}
 
     def reconcile(self, namespace: str, name: str) -> None:
         """One reconcile pass of the job ``namespace/name``: decide, apply, and decide again after creates."""
@@ -153,6 +156,7 @@ class JobReconciler:
         if job is None:
             self.steady.pop((namespace, name), None)
             self.written.pop((namespace, name), None)
+            self.progress_written.pop((namespace, name), None)
             metrics.forget_job(namespace, name)
             self.apply(namespace, None, VerlJobStatus(), release_orphans(name, pods))
             return
@@ -174,11 +178,23 @@ class JobReconciler:
                 placed = status.placement.nodes if status.placement else []
                 facts = [f for f in map(self.node_facts, placed) if f is not None]
             states = self.node_states(status)
-            t = self._pass(namespace, job, status, pods, EMPTY, states, workload, reading, facts, fresh)
+            writer = self.progress_writer(namespace, name, status)
+            t = self._pass(
+                namespace, job, status, pods, EMPTY, states, workload, reading, facts, fresh, writer
+            )
             self._remember(namespace, job, status, pods, states, workload, t)
             return
         self.steady.pop((namespace, name), None)
         self._pass(namespace, job, status, pods, None)
+
+    def progress_writer(self, namespace: str, name: str, status: VerlJobStatus) -> ProgressWriter:
+        """Who wrote ``status.progress``, as far as this process knows (:data:`ProgressWriter`)."""
+        if status.progress is None:
+            return "own"
+        key = (namespace, name)
+        if key not in self.progress_written:
+            return "unknown"
+        return "own" if self.progress_written[key] == status.progress else "other"
 
     def _read_through(
         self, namespace: str, name: str
@@ -312,6 +328,7 @@ class JobReconciler:
             states,
             progress=reading,
             nodes=facts,
+            progress_writer=self.progress_writer(namespace, name, status),
         )
         t = progress_only(seen, steady.spec, steady.verdict, steady.wanted, steady.current)
         if t is None:
@@ -331,6 +348,7 @@ class JobReconciler:
         progress: ProgressReading | None = None,
         facts: Sequence[NodeFacts] = (),
         fresh: bool = False,
+        writer: ProgressWriter = "own",
     ) -> Transition | None:
         """Decide and apply (twice when the first transition created pods); the last transition applied
         (None: the pass ended on a refusal or a missing API).
@@ -364,6 +382,7 @@ class JobReconciler:
                     progress=progress,
                     nodes=facts,
                     fresh=fresh,
+                    progress_writer=writer,
                 )
                 transition = decide(seen)
                 if snap is None and transition.reserve is not None:
@@ -449,6 +468,7 @@ class JobReconciler:
                     if t.reserve is not None:  # the placement was not recorded: it reserves nothing
                         self.reservations.decided.pop(uid, None)
                     raise
+            self.progress_written[(ns, name)] = t.status.progress
         if t.event is not None:
             self.kube.event(job, t.event.type, t.event.reason, t.event.message)
         if t.delete_job:
