@@ -673,3 +673,26 @@ def test_who_wrote_the_progress_decides_whether_it_is_kept(
         assert progress is None
     events = [t.event.reason] if t.event is not None else []
     assert events == (["StatusOverwritten"] if writer == "other" else [])
+
+
+def test_a_stalled_job_posts_one_stalled_event_and_keeps_its_message(
+    head: tuple[ProgressTracker, int],
+) -> None:
+    """Through the reconciler: the job's own Stalled condition (reason NoNewStep) is read back as the stall
+    in progress at every pass, so the event is posted once and the condition (message, transition time) is
+    kept: a stalled job's passes write nothing."""
+    tracker, port = head
+    world = Running(port, {**SPEC, "monitoring": {"stall": {"minStepSeconds": 30}}})
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 4))
+    tracker.last_step -= 3600  # type: ignore[operator]
+    world.passes(1)
+    first = world.status().condition("Stalled")
+    assert first is not None and (first.status, first.reason) == ("True", "NoNewStep")
+    writes = world.kube.writes.count(("patch_status", NAME))
+    for _ in range(3):
+        world.now += 10
+        world.passes(1)
+    assert [e[1] for e in world.kube.events].count("Stalled") == 1
+    assert world.status().condition("Stalled") == first
+    assert world.kube.writes.count(("patch_status", NAME)) == writes  # nothing changed: nothing written

@@ -272,7 +272,9 @@ def _follow(seen: Observed, spec: VerlJobSpec) -> Followed | None:
         return None
     before = seen.status.condition("Stalled")
     stalled = (
-        before if before is not None and before.status == "True" and before.reason in STALL_REASONS else None
+        before
+        if before is not None and before.status == "True" and before.reason in STALL_REASONS.values()
+        else None
     )
     followed = follow(
         seen.status.progress if seen.progress_writer == "own" else None,
