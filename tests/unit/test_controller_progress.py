@@ -696,3 +696,23 @@ def test_a_stalled_job_posts_one_stalled_event_and_keeps_its_message(
     assert [e[1] for e in world.kube.events].count("Stalled") == 1
     assert world.status().condition("Stalled") == first
     assert world.kube.writes.count(("patch_status", NAME)) == writes  # nothing changed: nothing written
+
+
+@pytest.mark.parametrize("new_term", [True, False])
+def test_a_replica_that_leads_again_takes_the_other_leader_s_progress_for_unknown(
+    head: tuple[ProgressTracker, int], new_term: bool
+) -> None:
+    """Another replica led meanwhile and wrote the progress: a replica that starts a new term (``lead``)
+    writes the head's reading at its first read without calling it someone else's; one that did not lose the
+    lease knows it is not its own write (the StatusOverwritten Warning)."""
+    tracker, port = head
+    world = Running(port, SPEC)
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 3))
+    forge_progress(world, updatedAt=format_time(world.now + 1))  # the other leader's write of the same step
+    if new_term:
+        world.reconciler.lead()
+    world.passes(1)
+    progress = world.status().progress
+    assert progress is not None and progress.updated_at == format_time(world.now)
+    assert len(overwritten(world)) == (0 if new_term else 1)

@@ -187,6 +187,11 @@ class JobReconciler:
         self.steady.pop((namespace, name), None)
         self._pass(namespace, job, status, pods, None)
 
+    def lead(self) -> None:
+        """A new term as the leader: another replica may have written every job's progress since this one
+        last did, so none counts as someone else's (``unknown``: replaced at the first read, no event)."""
+        self.progress_written.clear()
+
     def progress_writer(self, namespace: str, name: str, status: VerlJobStatus) -> ProgressWriter:
         """Who wrote ``status.progress``, as far as this process knows (:data:`ProgressWriter`)."""
         if status.progress is None:
