@@ -716,3 +716,29 @@ def test_a_replica_that_leads_again_takes_the_other_leader_s_progress_for_unknow
     progress = world.status().progress
     assert progress is not None and progress.updated_at == format_time(world.now)
     assert len(overwritten(world)) == (0 if new_term else 1)
+
+
+def test_a_forged_attempt_reads_the_progress_of_the_attempt_that_runs(
+    head: tuple[ProgressTracker, int],
+) -> None:
+    """``attempt`` and ``placement.attempt`` patched to 5 on a stalled job: the pass that derives the attempt
+    again reads the head of attempt 0 (whose pods run), so the stall and its one event stay as they were."""
+    tracker, port = head
+    world = Running(port, {**SPEC, "monitoring": {"stall": {"minStepSeconds": 30}}})
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 4))
+    tracker.last_step -= 3600  # type: ignore[operator]
+    world.passes(1)
+    stalled = world.status().condition("Stalled")
+    assert stalled is not None and stalled.status == "True"
+    status = world.kube.objects[("VerlJob", NS, NAME)]["status"]
+    status["attempt"] = 5
+    status["placement"]["attempt"] = 5
+    world.now += 10
+    world.passes(2)
+    after = world.status()
+    assert (after.attempt, after.phase) == (0, "Running")
+    assert after.condition("Stalled") == stalled
+    assert after.progress is not None and after.progress.step == 3
+    reasons = [e[1] for e in world.kube.events]
+    assert reasons.count("Stalled") == 1 and reasons.count("StatusOverwritten") == 1

@@ -161,20 +161,22 @@ class JobReconciler:
             self.apply(namespace, None, VerlJobStatus(), release_orphans(name, pods))
             return
         status = parse_status(job.get("status"))
-        fresh = False
+        fresh, running = False, status.attempt  # the attempt whose head reports the progress
         if status.placed and contradicted_attempt(job, status, pods) is not None:
             read = self._read_through(namespace, name)
             if read is None:
                 return  # gone since the cache showed it: its DELETED event follows
             job, pods, fresh = read
             status = parse_status(job.get("status"))
+            shown = contradicted_attempt(job, status, pods) if fresh else None
+            running = shown[0] if shown is not None else status.attempt
         if status.placed:
             workload = None
             if wants_workload(status, pods):  # Kueue holds or evicted the pods: its Workload says why
                 workload = self.kube.read_workload(namespace, kueue_group(name, status.attempt))
             reading, facts = None, []
             if self.progress is not None and status.phase == "Running":
-                reading = self.progress(job, pods, status.attempt)
+                reading = self.progress(job, pods, running)
                 placed = status.placement.nodes if status.placement else []
                 facts = [f for f in map(self.node_facts, placed) if f is not None]
             states = self.node_states(status)
