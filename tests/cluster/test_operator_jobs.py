@@ -1012,6 +1012,38 @@ def test_forged_placement_start_time_and_restarts_move_nothing(jobs: Jobs) -> No
     assert after == before, "the forged status deleted or replaced pods"
 
 
+def test_a_forged_attempt_and_placement_attempt_are_derived_from_the_pods(jobs: Jobs) -> None:
+    """``kubectl patch --subresource=status`` of ``attempt`` and ``placement.attempt`` together (5) on a
+    Running job whose pods are attempt 0: read as written, the pods would be deleted as an earlier attempt's
+    and the job failed or restarted; the operator lists the pods from the API server, finds attempt 0
+    running, derives the attempt again and keeps the pods, with a StatusOverwritten Warning."""
+    assert jobs.apply(job("forged3", 16, 8, resources={"nodeSelector": DGX})).returncode == 0
+    running = jobs.wait_phase("forged3", "Running")
+    before = {p.metadata.name: p.metadata.uid for p in jobs.running_pods("forged3", 2)}
+    body = {"status": {"attempt": 5, "placement": dict(running["placement"], attempt=5)}}
+    patch = ["patch", "vj", "forged3", "-n", jobs.ns, "--subresource=status", "--type=merge", "-p"]
+    patched = jobs.kubectl([*patch, json.dumps(body)])
+    assert patched.returncode == 0, patched.stderr
+    event = wait_for(
+        lambda: next((e for e in jobs.events("forged3") if e.reason == "StatusOverwritten"), None),
+        "a StatusOverwritten event",
+    )
+    assert (
+        "status.attempt and status.placement.attempt 5: the job's running pods are attempt 0" in event.message
+    )
+
+    def derived() -> dict[str, Any] | None:
+        status = jobs.status("forged3")
+        return (
+            status if status.get("attempt", 0) == 0 and status["placement"].get("attempt", 0) == 0 else None
+        )
+
+    status = wait_for(derived, "the attempt derived again")
+    assert status["phase"] == "Running", status.get("message")
+    after = {p.metadata.name: p.metadata.uid for p in jobs.running_pods("forged3", 2)}
+    assert after == before, "the forged attempt deleted or replaced pods"
+
+
 def test_an_image_that_cannot_be_pulled_gives_the_gpus_back_after_the_start_deadline(jobs: Jobs) -> None:
     """The kubelet cannot pull the image (the devcluster's pod-simulate-pull-failure stage): the job says so
     (Starting, ImagePullFailed, PodsStartable=False naming the image), then fails at spec.startDeadlineSeconds

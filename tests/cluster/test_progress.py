@@ -157,3 +157,61 @@ def test_steps_reach_status_columns_and_metrics_then_a_hang_is_stalled(
         "per-job series removed",
         30,
     )
+
+
+def test_a_forged_progress_is_replaced_by_the_head_s_reading(
+    kube: client.ApiClient,
+    namespace: str,
+    operator: LocalOperator,
+    served: tuple[ProgressTracker, int],
+) -> None:
+    """``kubectl patch --subresource=status`` of status.progress (another step time, a write time in 2099
+    that would hold off every later write): the operator writes the head's reading again at its next read
+    and says so in a StatusOverwritten Warning."""
+    custom, core = client.CustomObjectsApi(kube), client.CoreV1Api(kube)
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job("forgedprog"))
+
+    def status() -> dict[str, Any]:
+        obj: Any = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "forgedprog")
+        return dict(obj.get("status") or {})
+
+    wait_for(lambda: status().get("phase") == "Running", "job Running", 60)
+    selector = "verl-operator.io/role=head,verl-operator.io/job=forgedprog"
+    (pod,) = core.list_namespaced_pod(namespace, label_selector=selector).items
+    core.patch_namespaced_pod_status(pod.metadata.name, namespace, {"status": {"podIP": "127.0.0.1"}})
+    own = wait_for(lambda: status().get("progress"), "progress read", 30)
+    forged = {
+        **own,
+        "stepSeconds": 0.001,
+        "updatedAt": "2099-01-01T00:00:00Z",
+        "columns": {**own.get("columns", {}), "stepTime": "0.0s"},
+    }
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, "forgedprog", {"status": {"progress": forged}}
+    )
+
+    found: Any = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "forgedprog")
+    uid = found["metadata"]["uid"]
+
+    def overwritten() -> Any:
+        events = core.list_namespaced_event(namespace).items
+        return next(
+            (e for e in events if e.involved_object.uid == uid and e.reason == "StatusOverwritten"), None
+        )
+
+    event = wait_for(overwritten, "a StatusOverwritten event", 30)
+    assert f"status.progress (step {own.get('step', 0)}, updated 2099-01-01T00:00:00Z)" in event.message
+
+    def rewritten() -> dict[str, Any] | None:
+        progress = status().get("progress") or {}
+        return progress if progress.get("updatedAt") != forged["updatedAt"] else None
+
+    progress = wait_for(rewritten, "the head's reading written again", 30)
+    assert (progress.get("step"), progress.get("stepSeconds"), progress.get("launchPhase")) == (
+        own.get("step"),
+        own.get("stepSeconds"),
+        own.get("launchPhase"),
+    )
+    assert progress.get("columns") == own.get("columns")
+    assert status()["phase"] == "Running"
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "forgedprog")

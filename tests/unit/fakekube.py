@@ -77,6 +77,14 @@ class FakeKube:
             if kind == "Pod" and ns == namespace and o["metadata"].get("labels", {}).get(LABEL_JOB) == job
         ]
 
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.requests.append(("read_job", name))
+        return self.get_job(namespace, name)
+
+    def list_job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        self.requests.append(("list_pods", job))
+        return self.job_pods(namespace, job)
+
     def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
         self.requests.append(("read_configmap", name))
         cm = self.objects.get(("ConfigMap", namespace, name))

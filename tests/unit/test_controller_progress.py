@@ -17,7 +17,9 @@ from verl_launcher.progress_server import ProgressServer
 from verl_operator.api.spec import MonitoringSpec, StallSpec
 from verl_operator.api.status import Condition, VerlJobStatus, parse_status
 from verl_operator.controller import metrics
-from verl_operator.controller.progress import ProgressReading, follow
+from verl_operator.controller.decide import decide
+from verl_operator.controller.observed import Observed
+from verl_operator.controller.progress import ProgressReading, ProgressWriter, follow
 from verl_operator.controller.progress_client import ProgressClient, fetch, head_pod_ip
 from verl_operator.controller.status import format_time
 
@@ -509,3 +511,234 @@ def test_the_active_deadline_still_ends_a_running_job(
     world.passes(1)
     assert decisions == [NAME]
     assert (world.status().phase, world.status().reason) == ("Failed", "DeadlineExceeded")
+
+
+# -- status.progress written by someone else -----------------------------------------------------------------
+
+
+def forge_progress(world: Running, **fields: Any) -> None:
+    """What ``kubectl patch vj --subresource=status --type=merge -p '{"status": {"progress": ...}}'`` does."""
+    status = world.kube.objects[("VerlJob", NS, NAME)]["status"]
+    status["progress"] = {**status.get("progress", {}), **fields}
+
+
+def overwritten(world: Running) -> list[str]:
+    return [message for _, reason, message in world.kube.events if reason == "StatusOverwritten"]
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        pytest.param(
+            {"stepSeconds": 0.001, "columns": {"step": "3/300", "stepTime": "0.0s"}}, id="same-step"
+        ),
+        pytest.param({"step": 1, "updatedAt": "2099-01-01T00:00:00Z"}, id="written-in-the-future"),
+        pytest.param(
+            {"advice": {"setting": "resources.gpus", "value": "1024", "reason": "forged"}}, id="advice"
+        ),
+        pytest.param({"step": 999, "lastStepTime": "2001-01-01T00:00:00Z"}, id="ahead"),
+    ],
+)
+def test_a_forged_progress_is_replaced_by_the_head_s_reading_at_the_next_read(
+    head: tuple[ProgressTracker, int], forged: dict[str, Any]
+) -> None:
+    tracker, port = head
+    world = Running(port, SPEC)
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 4))
+    own = world.status().progress
+    assert own is not None and own.step == 3
+    forge_progress(world, **forged)
+    world.passes(1)  # no new step, no time passed: the operator's own progress would not be written again
+    progress = world.status().progress
+    assert progress == own.changed(updated_at=format_time(world.now))
+    (message,) = overwritten(world)
+    assert f"status.progress (step {forged.get('step', 3)}" in message
+    assert "the head pod's reading is written instead (step 3)" in message
+    labels = {"verljob_namespace": NS, "verljob": NAME}
+    assert REGISTRY.get_sample_value("verl_operator_job_step", labels) == 3
+    writes = world.kube.writes.count(("patch_status", NAME))
+    world.passes(2)  # its own again: kept between writes, no second event
+    assert world.kube.writes.count(("patch_status", NAME)) == writes and len(overwritten(world)) == 1
+
+
+@pytest.mark.parametrize("action", ["restart", "fail"])
+def test_a_forged_progress_or_stall_never_ends_an_attempt(
+    head: tuple[ProgressTracker, int], action: str
+) -> None:
+    """A progress whose last step is years old, at step 0 of a stepping run, with a Stalled condition: the
+    stall is judged on the head's reading alone (its ages on the launcher's clock), which shows a step 30 s
+    ago."""
+    tracker, port = head
+    world = Running(port, {**SPEC, "monitoring": {"stall": {"action": action, "minStepSeconds": 60}}})
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 4))
+    pods = sorted(world.kube.pods())
+    forge_progress(
+        world,
+        step=0,
+        lastStepTime="2001-01-01T00:00:00Z",
+        updatedAt="2001-01-01T00:00:00Z",
+        stepSeconds=0.001,
+    )
+    stalled = {
+        "type": "Stalled",
+        "status": "True",
+        "reason": "NoNewStep",
+        "message": "forged",
+        "lastTransitionTime": "2001-01-01T00:00:00Z",
+    }
+    job = world.kube.objects[("VerlJob", NS, NAME)]
+    job["status"]["conditions"] = [c for c in job["status"]["conditions"] if c["type"] != "Stalled"] + [
+        stalled
+    ]
+    world.passes(3)
+    status = world.status()
+    assert (status.phase, status.attempt, status.restarts) == ("Running", 0, 0)
+    assert sorted(world.kube.pods()) == pods
+    after = status.condition("Stalled")
+    assert after is not None and after.status == "False"
+    assert status.progress is not None and status.progress.step == 3
+
+
+def test_a_new_operator_writes_its_own_reading_first(head: tuple[ProgressTracker, int]) -> None:
+    """An operator that has written no progress since it started (a restart, a new leader) cannot tell its
+    predecessor's progress from a forged one: it writes the head's reading at its first read (no event), and
+    removes the progress while the head cannot be read; from then on its own is kept between writes."""
+    from verl_operator.controller.reconcile import JobReconciler
+
+    tracker, port = head
+    world = Running(port, SPEC)
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 4))
+    forge_progress(world, step=2, stepSeconds=0.001)
+
+    def restart(progress: Any) -> None:
+        world.reconciler = JobReconciler(
+            world.kube, lambda: world.kube.snapshot(world.nodes), lambda: world.now, progress=progress
+        )
+
+    restart(lambda job, pods, attempt: ProgressReading(None, "connection refused"))
+    world.passes(1)
+    status = world.status()
+    assert status.progress is None and status.phase == "Running"
+    progressing = status.condition("Progressing")
+    assert progressing is not None and progressing.reason == "ProgressUnavailable"
+    forge_progress(world, step=2, stepSeconds=0.001)
+    restart(world.client.read)
+    world.passes(1)
+    progress = world.status().progress
+    assert progress is not None and (progress.step, progress.step_seconds) == (3, 10.0)
+    assert overwritten(world) == []
+    writes = world.kube.writes.count(("patch_status", NAME))
+    world.passes(2)
+    assert world.kube.writes.count(("patch_status", NAME)) == writes
+
+
+@pytest.mark.parametrize(
+    ("writer", "readable", "expect"),
+    [
+        pytest.param("own", True, "kept", id="own-read"),
+        pytest.param("own", False, "kept", id="own-unreadable"),
+        pytest.param("unknown", True, "read", id="unknown-read"),
+        pytest.param("unknown", False, "removed", id="unknown-unreadable"),
+        pytest.param("other", True, "read", id="other-read"),
+        pytest.param("other", False, "removed", id="other-unreadable"),
+    ],
+)
+def test_who_wrote_the_progress_decides_whether_it_is_kept(
+    head: tuple[ProgressTracker, int], writer: ProgressWriter, readable: bool, expect: str
+) -> None:
+    """The pure decision: only the process's own progress is kept between writes; another is replaced by the
+    reading or removed, with a StatusOverwritten Warning when it is known to be someone else's."""
+    tracker, port = head
+    world = Running(port, SPEC)
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 4))
+    forge_progress(world, stepSeconds=0.001)
+    job = world.kube.get_job(NS, NAME)
+    assert job is not None
+    pods = world.kube.job_pods(NS, NAME)
+    reading = world.client.read(job, pods, 0) if readable else ProgressReading(None, "connection refused")
+    status = parse_status(job["status"])
+    seen = Observed(job, status, pods, now=world.now, progress=reading, progress_writer=writer)
+    t = decide(seen)
+    assert t.status is not None and t.status.phase == "Running" and not t.delete
+    progress = t.status.progress
+    if expect == "kept":
+        assert progress == status.progress
+    elif expect == "read":
+        assert progress is not None and (progress.step, progress.step_seconds) == (3, 10.0)
+    else:
+        assert progress is None
+    events = [t.event.reason] if t.event is not None else []
+    assert events == (["StatusOverwritten"] if writer == "other" else [])
+
+
+def test_a_stalled_job_posts_one_stalled_event_and_keeps_its_message(
+    head: tuple[ProgressTracker, int],
+) -> None:
+    """Through the reconciler: the job's own Stalled condition (reason NoNewStep) is read back as the stall
+    in progress at every pass, so the event is posted once and the condition (message, transition time) is
+    kept: a stalled job's passes write nothing."""
+    tracker, port = head
+    world = Running(port, {**SPEC, "monitoring": {"stall": {"minStepSeconds": 30}}})
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 4))
+    tracker.last_step -= 3600  # type: ignore[operator]
+    world.passes(1)
+    first = world.status().condition("Stalled")
+    assert first is not None and (first.status, first.reason) == ("True", "NoNewStep")
+    writes = world.kube.writes.count(("patch_status", NAME))
+    for _ in range(3):
+        world.now += 10
+        world.passes(1)
+    assert [e[1] for e in world.kube.events].count("Stalled") == 1
+    assert world.status().condition("Stalled") == first
+    assert world.kube.writes.count(("patch_status", NAME)) == writes  # nothing changed: nothing written
+
+
+@pytest.mark.parametrize("new_term", [True, False])
+def test_a_replica_that_leads_again_takes_the_other_leader_s_progress_for_unknown(
+    head: tuple[ProgressTracker, int], new_term: bool
+) -> None:
+    """Another replica led meanwhile and wrote the progress: a replica that starts a new term (``lead``)
+    writes the head's reading at its first read without calling it someone else's; one that did not lose the
+    lease knows it is not its own write (the StatusOverwritten Warning)."""
+    tracker, port = head
+    world = Running(port, SPEC)
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 3))
+    forge_progress(world, updatedAt=format_time(world.now + 1))  # the other leader's write of the same step
+    if new_term:
+        world.reconciler.lead()
+    world.passes(1)
+    progress = world.status().progress
+    assert progress is not None and progress.updated_at == format_time(world.now)
+    assert len(overwritten(world)) == (0 if new_term else 1)
+
+
+def test_a_forged_attempt_reads_the_progress_of_the_attempt_that_runs(
+    head: tuple[ProgressTracker, int],
+) -> None:
+    """``attempt`` and ``placement.attempt`` patched to 5 on a stalled job: the pass that derives the attempt
+    again reads the head of attempt 0 (whose pods run), so the stall and its one event stay as they were."""
+    tracker, port = head
+    world = Running(port, {**SPEC, "monitoring": {"stall": {"minStepSeconds": 30}}})
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 4))
+    tracker.last_step -= 3600  # type: ignore[operator]
+    world.passes(1)
+    stalled = world.status().condition("Stalled")
+    assert stalled is not None and stalled.status == "True"
+    status = world.kube.objects[("VerlJob", NS, NAME)]["status"]
+    status["attempt"] = 5
+    status["placement"]["attempt"] = 5
+    world.now += 10
+    world.passes(2)
+    after = world.status()
+    assert (after.attempt, after.phase) == (0, "Running")
+    assert after.condition("Stalled") == stalled
+    assert after.progress is not None and after.progress.step == 3
+    reasons = [e[1] for e in world.kube.events]
+    assert reasons.count("Stalled") == 1 and reasons.count("StatusOverwritten") == 1

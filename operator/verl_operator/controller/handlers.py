@@ -398,6 +398,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
     async def started() -> None:
         metrics.LEADER.set(1)
+        reconciler.lead()
         _LOOP.append(asyncio.create_task(RUNTIME.run(reconciler, cfg.resync_seconds, cfg.workers)))
 
     async def stopped() -> None:

@@ -64,6 +64,12 @@ class KubeAPI(Protocol):
     def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         """Every pod labelled ``verl-operator.io/job=<job>``."""
 
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The VerlJob read from the API server itself, never from a cache (None when it is gone)."""
+
+    def list_job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """The job's pods listed from the API server itself, never from a cache."""
+
     def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """A ConfigMap's data, or None when it does not exist."""
 
@@ -127,6 +133,15 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
+
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The VerlJob from the API server (a subclass's :meth:`get_job` may read a cache: this never does)."""
+        return Kube.get_job(self, namespace, name)
+
+    def list_job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """The job's pods from the API server (a subclass's :meth:`job_pods` may read a cache: this never
+        does)."""
+        return Kube.job_pods(self, namespace, job)
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> str | None:
         """Merge-patch ``status`` (a None value removes the key); the job's ``resourceVersion`` after it."""

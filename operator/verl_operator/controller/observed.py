@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl_operator.api.status import VerlJobStatus
-from verl_operator.controller.progress import ProgressReading
+from verl_operator.controller.progress import ProgressReading, ProgressWriter
 from verl_operator.controller.snapshot import Snapshot
 from verl_operator.controller.status import format_time
 from verl_operator.planner.facts import NodeFacts
@@ -38,6 +38,12 @@ class Observed:
             (:func:`verl_operator.controller.kueue.wants_workload`); None otherwise.
         progress: For a Running job, what its head pod's progress endpoint said (None: not read).
         nodes: For a Running job, its nodes' facts (the advisor re-plans its advice on them).
+        progress_writer: Who wrote ``status.progress`` (:data:`~verl_operator.controller.progress.ProgressWriter`):
+            only the reconciling process's own is kept between two writes; another is replaced by the head
+            pod's reading at once.
+        fresh: ``pods`` were listed from the API server between two reads of ``job`` that found it unchanged
+            (not from a watch cache): they are at least as new as ``status``, so they may prove it wrong
+            (:func:`verl_operator.controller.derived.contradicted_attempt`).
     """
 
     job: Mapping[str, Any]
@@ -52,6 +58,8 @@ class Observed:
     workload: Mapping[str, Any] | None = None
     progress: ProgressReading | None = None
     nodes: Sequence[NodeFacts] = ()
+    progress_writer: ProgressWriter = "own"
+    fresh: bool = False
 
     @property
     def generation(self) -> int:

@@ -34,6 +34,10 @@ from verl_operator.controller.status import condition, format_time, parse_time
 from verl_operator.controller.transition import Event
 
 StallAction = Literal["none", "restart", "fail"]
+#: Who wrote the ``status.progress`` a pass read, as far as the reconciling process knows: ``own`` (it did, or
+#: there is none), ``unknown`` (it has written none since it started: its predecessor's, or anyone's),
+#: ``other`` (not what it last wrote: someone else's, a ``kubectl patch --subresource=status``).
+ProgressWriter = Literal["own", "unknown", "other"]
 
 #: Steps a run needs before the advisor's first change is put in status.progress.advice; it is computed again
 #: every ADVICE_EVERY steps (each time re-planned: a few plans per job every so many steps).

@@ -19,7 +19,7 @@ from typing import Any
 
 from verl_contract.launch_spec import LAUNCH_KEY
 from verl_operator.api.spec import VerlJobSpec
-from verl_operator.api.status import VerlJobStatus, parse_status
+from verl_operator.api.status import ProgressStatus, VerlJobStatus, parse_status
 from verl_operator.controller import config, metrics
 from verl_operator.controller.assess import Verdict
 from verl_operator.controller.decide import (
@@ -29,11 +29,12 @@ from verl_operator.controller.decide import (
     release_orphans,
     scheduler_unavailable,
 )
+from verl_operator.controller.derived import contradicted_attempt
 from verl_operator.controller.kube import KubeAPI, MissingAPIError
 from verl_operator.controller.kueue import wants_workload
 from verl_operator.controller.observed import Observed
 from verl_operator.controller.pipeline import pod_names
-from verl_operator.controller.progress import ProgressReading
+from verl_operator.controller.progress import ProgressReading, ProgressWriter
 from verl_operator.controller.proofs import PROOFS
 from verl_operator.controller.refused import ChildBlocked, ChildRefused
 from verl_operator.controller.running import progress_only
@@ -142,6 +143,9 @@ class JobReconciler:
         #: the fast path (:meth:`_progress_only`). One job's passes never overlap, so no lock is needed.
         self.steady: dict[tuple[str, str], Steady] = {}
         self.written: dict[tuple[str, str], str] = {}
+        #: Per job, the ``status.progress`` this process last wrote (or found equal to what it would
+        #: write): a different one in the status is not its own (:data:`ProgressWriter`).
+        self.progress_written: dict[tuple[str, str], ProgressStatus | None] = {}
 
     def reconcile(self, namespace: str, name: str) -> None:
         """One reconcile pass of the job ``namespace/name``: decide, apply, and decide again after creates."""
@@ -152,25 +156,69 @@ class JobReconciler:
         if job is None:
             self.steady.pop((namespace, name), None)
             self.written.pop((namespace, name), None)
+            self.progress_written.pop((namespace, name), None)
             metrics.forget_job(namespace, name)
             self.apply(namespace, None, VerlJobStatus(), release_orphans(name, pods))
             return
         status = parse_status(job.get("status"))
+        fresh, running = False, status.attempt  # the attempt whose head reports the progress
+        if status.placed and contradicted_attempt(job, status, pods) is not None:
+            read = self._read_through(namespace, name)
+            if read is None:
+                return  # gone since the cache showed it: its DELETED event follows
+            job, pods, fresh = read
+            status = parse_status(job.get("status"))
+            shown = contradicted_attempt(job, status, pods) if fresh else None
+            running = shown[0] if shown is not None else status.attempt
         if status.placed:
             workload = None
             if wants_workload(status, pods):  # Kueue holds or evicted the pods: its Workload says why
                 workload = self.kube.read_workload(namespace, kueue_group(name, status.attempt))
             reading, facts = None, []
             if self.progress is not None and status.phase == "Running":
-                reading = self.progress(job, pods, status.attempt)
+                reading = self.progress(job, pods, running)
                 placed = status.placement.nodes if status.placement else []
                 facts = [f for f in map(self.node_facts, placed) if f is not None]
             states = self.node_states(status)
-            t = self._pass(namespace, job, status, pods, EMPTY, states, workload, reading, facts)
+            writer = self.progress_writer(namespace, name, status)
+            t = self._pass(
+                namespace, job, status, pods, EMPTY, states, workload, reading, facts, fresh, writer
+            )
             self._remember(namespace, job, status, pods, states, workload, t)
             return
         self.steady.pop((namespace, name), None)
         self._pass(namespace, job, status, pods, None)
+
+    def lead(self) -> None:
+        """A new term as the leader: another replica may have written every job's progress since this one
+        last did, so none counts as someone else's (``unknown``: replaced at the first read, no event)."""
+        self.progress_written.clear()
+
+    def progress_writer(self, namespace: str, name: str, status: VerlJobStatus) -> ProgressWriter:
+        """Who wrote ``status.progress``, as far as this process knows (:data:`ProgressWriter`)."""
+        if status.progress is None:
+            return "own"
+        key = (namespace, name)
+        if key not in self.progress_written:
+            return "unknown"
+        return "own" if self.progress_written[key] == status.progress else "other"
+
+    def _read_through(
+        self, namespace: str, name: str
+    ) -> tuple[dict[str, Any], list[dict[str, Any]], bool] | None:
+        """The job and its pods from the API server, not the watch cache, and whether the pods were listed
+        between two reads of the job that found it unchanged (then they are at least as new as its status).
+        Taken only where the cached pods contradict the status's attempt, which a write of the operator's
+        own whose watch events have not arrived yet may also show. None: the job is gone."""
+        before = self.kube.read_job(namespace, name)
+        if before is None:
+            return None
+        pods = self.kube.list_job_pods(namespace, name)
+        job = self.kube.read_job(namespace, name)
+        if job is None:
+            return None
+        version = str(job["metadata"].get("resourceVersion") or "")
+        return job, pods, bool(version) and version == str(before["metadata"].get("resourceVersion") or "")
 
     def _remember(
         self,
@@ -287,6 +335,7 @@ class JobReconciler:
             states,
             progress=reading,
             nodes=facts,
+            progress_writer=self.progress_writer(namespace, name, status),
         )
         t = progress_only(seen, steady.spec, steady.verdict, steady.wanted, steady.current)
         if t is None:
@@ -305,6 +354,8 @@ class JobReconciler:
         workload: Mapping[str, Any] | None = None,
         progress: ProgressReading | None = None,
         facts: Sequence[NodeFacts] = (),
+        fresh: bool = False,
+        writer: ProgressWriter = "own",
     ) -> Transition | None:
         """Decide and apply (twice when the first transition created pods); the last transition applied
         (None: the pass ended on a refusal or a missing API).
@@ -337,6 +388,8 @@ class JobReconciler:
                     workload=workload,
                     progress=progress,
                     nodes=facts,
+                    fresh=fresh,
+                    progress_writer=writer,
                 )
                 transition = decide(seen)
                 if snap is None and transition.reserve is not None:
@@ -359,7 +412,9 @@ class JobReconciler:
                 return None
             if not transition.recheck:
                 return transition
-            pods = self.kube.job_pods(namespace, job["metadata"]["name"])
+            # After pods read through to the API server, so read again: a cache may still show pods deleted.
+            again = self.kube.list_job_pods if fresh else self.kube.job_pods
+            pods = again(namespace, job["metadata"]["name"])
         return None
 
     def node_states(self, status: VerlJobStatus) -> dict[str, str]:
@@ -420,6 +475,7 @@ class JobReconciler:
                     if t.reserve is not None:  # the placement was not recorded: it reserves nothing
                         self.reservations.decided.pop(uid, None)
                     raise
+            self.progress_written[(ns, name)] = t.status.progress
         if t.event is not None:
             self.kube.event(job, t.event.type, t.event.reason, t.event.message)
         if t.delete_job:

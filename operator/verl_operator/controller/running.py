@@ -261,15 +261,23 @@ def _create(
 
 
 def _follow(seen: Observed, spec: VerlJobSpec) -> Followed | None:
-    """The progress of a Running job from its head pod's reading (None: not read, or monitoring off)."""
+    """The progress of a Running job from its head pod's reading (None: not read, or monitoring off).
+
+    Only a ``status.progress`` the reconciling process wrote itself is kept between two writes (the rate
+    limit, the advice of the step): another one (written by hand, or before this process started) is replaced
+    by the reading at once, or removed while the head cannot be read. Nothing decides on it either way: a
+    stall is judged on the reading alone (its ages come from the launcher's clock).
+    """
     if seen.progress is None or not spec.monitoring.enabled:
         return None
     before = seen.status.condition("Stalled")
     stalled = (
-        before if before is not None and before.status == "True" and before.reason in STALL_REASONS else None
+        before
+        if before is not None and before.status == "True" and before.reason in STALL_REASONS.values()
+        else None
     )
-    return follow(
-        seen.status.progress,
+    followed = follow(
+        seen.status.progress if seen.progress_writer == "own" else None,
         seen.progress,
         spec.monitoring,
         stalled_before=stalled,
@@ -277,6 +285,20 @@ def _follow(seen: Observed, spec: VerlJobSpec) -> Followed | None:
         generation=seen.generation,
         advise=lambda doc: _advise(seen, spec, doc),
     )
+    forged = seen.status.progress
+    if seen.progress_writer != "other" or forged is None or followed.event is not None:
+        return followed
+    got = followed.progress
+    instead = (
+        f"the head pod's reading is written instead (step {got.step})"
+        if got is not None
+        else "removed: the head pod's progress endpoint cannot be read"
+    )
+    text = (
+        f"status.progress (step {forged.step}, updated {forged.updated_at or 'never'}) was not written by the "
+        f"operator: {instead}"
+    )
+    return replace(followed, event=Event("Warning", "StatusOverwritten", text))
 
 
 def _advise(seen: Observed, spec: VerlJobSpec, doc: ProgressDocument) -> ProgressAdvice | None:

@@ -71,9 +71,9 @@ def advance(
     The message and the violations are bounded (:func:`~verl_operator.controller.status.bounded`): user
     input quoted in them never makes the status large.
 
-    The summary conditions (``Ready``, ``Reconciling``, ``Stalled``) of the phase are merged first and the
+    The summary conditions (``Ready``, ``Reconciling``, ``Stalled``) of the phase are taken first and the
     decision's own ``conditions`` after them, so a specific condition (``Ready`` with the pods and their
-    nodes) wins over the summary of the same type.
+    nodes) wins over the summary of the same type; only the winner is compared with the old condition.
 
     Args:
         old: The status read at the start of the pass.
@@ -89,9 +89,10 @@ def advance(
         The new status.
     """
     message = bounded(message)
-    merged = merge_conditions(
-        old.conditions, [*summary_conditions(phase, reason, message, generation, now), *conditions]
-    )
+    # One condition per type before the merge: a summary condition that a specific one replaces must not
+    # count as a transition (a Stalled=True kept from pass to pass keeps its lastTransitionTime).
+    wanted = {c.type: c for c in [*summary_conditions(phase, reason, message, generation, now), *conditions]}
+    merged = merge_conditions(old.conditions, list(wanted.values()))
     change = StatusChange(
         phase=phase, reason=reason, message=message, observed_generation=generation, conditions=merged
     )
