@@ -675,18 +675,23 @@ def test_who_wrote_the_progress_decides_whether_it_is_kept(
     assert events == (["StatusOverwritten"] if writer == "other" else [])
 
 
+def stalled_world(tracker: ProgressTracker, port: int) -> Running:
+    """A job that stepped three times and then no step for an hour, after the pass that found it stalled."""
+    world = Running(port, {**SPEC, "monitoring": {"stall": {"minStepSeconds": 30}}})
+    tracker.enter("VerlStarted")
+    stepping(tracker, world, range(1, 4))
+    tracker.last_step -= 3600  # type: ignore[operator]
+    world.passes(1)
+    return world
+
+
 def test_a_stalled_job_posts_one_stalled_event_and_keeps_its_message(
     head: tuple[ProgressTracker, int],
 ) -> None:
     """Through the reconciler: the job's own Stalled condition (reason NoNewStep) is read back as the stall
     in progress at every pass, so the event is posted once and the condition (message, transition time) is
     kept: a stalled job's passes write nothing."""
-    tracker, port = head
-    world = Running(port, {**SPEC, "monitoring": {"stall": {"minStepSeconds": 30}}})
-    tracker.enter("VerlStarted")
-    stepping(tracker, world, range(1, 4))
-    tracker.last_step -= 3600  # type: ignore[operator]
-    world.passes(1)
+    world = stalled_world(*head)
     first = world.status().condition("Stalled")
     assert first is not None and (first.status, first.reason) == ("True", "NoNewStep")
     writes = world.kube.writes.count(("patch_status", NAME))
@@ -723,12 +728,7 @@ def test_a_forged_attempt_reads_the_progress_of_the_attempt_that_runs(
 ) -> None:
     """``attempt`` and ``placement.attempt`` patched to 5 on a stalled job: the pass that derives the attempt
     again reads the head of attempt 0 (whose pods run), so the stall and its one event stay as they were."""
-    tracker, port = head
-    world = Running(port, {**SPEC, "monitoring": {"stall": {"minStepSeconds": 30}}})
-    tracker.enter("VerlStarted")
-    stepping(tracker, world, range(1, 4))
-    tracker.last_step -= 3600  # type: ignore[operator]
-    world.passes(1)
+    world = stalled_world(*head)
     stalled = world.status().condition("Stalled")
     assert stalled is not None and stalled.status == "True"
     status = world.kube.objects[("VerlJob", NS, NAME)]["status"]

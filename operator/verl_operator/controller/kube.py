@@ -33,13 +33,6 @@ def response_json(response: Any) -> dict[str, Any]:
     return cast(dict[str, Any], json.loads(response.data))
 
 
-def drained(response: Any) -> None:
-    """Read and drop the body of a call made with ``_preload_content=False``: an unread response keeps its
-    connection out of the pool, and the next call would open a new one (a TLS handshake)."""
-    response.read()
-    response.release_conn()
-
-
 def now_iso() -> str:
     """The current UTC time as an RFC 3339 string (seconds)."""
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

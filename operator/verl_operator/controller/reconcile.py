@@ -174,11 +174,10 @@ class JobReconciler:
             workload = None
             if wants_workload(status, pods):  # Kueue holds or evicted the pods: its Workload says why
                 workload = self.kube.read_workload(namespace, kueue_group(name, status.attempt))
-            reading, facts = None, []
+            reading: ProgressReading | None = None
+            facts: list[NodeFacts] = []
             if self.progress is not None and status.phase == "Running":
-                reading = self.progress(job, pods, running)
-                placed = status.placement.nodes if status.placement else []
-                facts = [f for f in map(self.node_facts, placed) if f is not None]
+                reading, facts = self._progress_and_facts(job, pods, status, running)
             states = self.node_states(status)
             writer = self.progress_writer(namespace, name, status)
             t = self._pass(
@@ -188,6 +187,16 @@ class JobReconciler:
             return
         self.steady.pop((namespace, name), None)
         self._pass(namespace, job, status, pods, None)
+
+    def _progress_and_facts(
+        self, job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], status: VerlJobStatus, attempt: int
+    ) -> tuple[ProgressReading | None, list[NodeFacts]]:
+        """A Running job's progress, read from the head pod of ``attempt``, and its placed nodes' facts (the
+        advisor re-plans on them). Only with a progress reader (``self.progress``)."""
+        assert self.progress is not None
+        reading = self.progress(job, pods, attempt)
+        placed = status.placement.nodes if status.placement else []
+        return reading, [f for f in map(self.node_facts, placed) if f is not None]
 
     def lead(self) -> None:
         """A new term as the leader: another replica may have written every job's progress since this one
@@ -321,9 +330,7 @@ class JobReconciler:
         ):
             return False
         pods = list(steady.current.values())
-        reading = self.progress(job, pods, status.attempt)
-        placed = status.placement.nodes if status.placement else []
-        facts = [f for f in map(self.node_facts, placed) if f is not None]
+        reading, facts = self._progress_and_facts(job, pods, status, status.attempt)
         seen = Observed(
             job,
             status,
